@@ -1,0 +1,57 @@
+"""actcodec: fast activation-compression codecs for memory-efficient training.
+
+numpy users: ``actcodec.bitmap.encode(x)`` returns an `Encoded`; ``.decode()`` restores the
+array, ``.to_bytes()`` / ``actcodec.from_bytes()`` store and load it.
+"""
+from __future__ import annotations
+
+import os
+
+from . import _ext
+
+_status = _ext._init()
+if _status != 0:
+    _forced = os.environ.get("ACTCODEC_SIMD")
+    _avail = [n for n in _ext.isa_names() if _ext.isa_available(n)]
+    raise ImportError(
+        f"ACTCODEC_SIMD={_forced!r} cannot be used: "
+        + ("unknown path" if _forced not in _ext.isa_names() else "not available on this CPU")
+        + f"; available here: {', '.join(_avail)}"
+    )
+
+from . import bitmap, raw  # noqa: E402  (registers the codecs)
+from .codecs import Bitmap, Codec, Raw  # noqa: E402
+from .container import Encoded, from_bytes  # noqa: E402
+
+__version__ = "0.1.0"
+
+set_num_threads = _ext.set_num_threads
+get_num_threads = _ext.get_num_threads
+
+
+def set_simd(name: str) -> None:
+    """Force a SIMD path for this process ("scalar", "sse2", "avx2", "neon")."""
+    _ext.set_isa(name)
+
+
+def get_simd() -> str:
+    """The active SIMD path."""
+    return _ext.active_isa()
+
+
+def simd_info() -> dict:
+    """Detected CPU features, the compiled-and-supported paths, the active one, threads."""
+    return {
+        "features": _ext.cpu_features(),
+        "available": [n for n in _ext.isa_names() if _ext.isa_available(n)],
+        "best": _ext.best_isa(),
+        "active": _ext.active_isa(),
+        "threads": _ext.get_num_threads(),
+        "openmp": _ext.openmp_enabled(),
+    }
+
+
+__all__ = [
+    "Bitmap", "Codec", "Encoded", "Raw", "bitmap", "raw", "from_bytes", "get_num_threads",
+    "set_num_threads", "get_simd", "set_simd", "simd_info",
+]

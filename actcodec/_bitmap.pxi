@@ -1,0 +1,58 @@
+# Bindings for the sparse bitmap codec (csrc/bitmap*.c). Buffers are flat uint8 views;
+# shape and dtype checks live in actcodec/bitmap.py.
+cimport numpy as cnp
+
+
+def bitmap_encode(const uint8_t[::1] src, int esize, uint64_t prune_abs_bits):
+    """Encode a flat byte view of elements of `esize` bytes. Returns (bitmap, values) as
+    uint8 arrays; `values` is allocated for the worst case and shrunk in place (realloc),
+    so pages it never touched are never committed."""
+    if esize not in (2, 4, 8) or src.shape[0] % esize:
+        raise ValueError(f"bitmap_encode: {src.shape[0]} bytes is not a whole number of "
+                         f"{esize}-byte elements")
+    cdef size_t n = src.shape[0] // esize
+    cdef cnp.ndarray bitmap = np.empty(ac_bitmap_nbytes(n), np.uint8)
+    cdef cnp.ndarray values = np.empty(n * esize, np.uint8)
+    cdef const uint8_t *s = _cptr(src)
+    cdef uint8_t *b = <uint8_t *>cnp.PyArray_DATA(bitmap)
+    cdef void *v = cnp.PyArray_DATA(values)
+    cdef size_t nnz = 0
+    cdef int status
+    with nogil:
+        status = ac_bitmap_encode(s, n, esize, prune_abs_bits, b, v, &nnz)
+    _check(status, "bitmap encode")
+    values.resize((nnz * esize,), refcheck=False)
+    return bitmap, values
+
+
+def bitmap_count(const uint8_t[::1] bitmap, size_t n):
+    """Number of set bits of a bitmap for n elements; ValueError on a malformed bitmap."""
+    if <size_t>bitmap.shape[0] != ac_bitmap_nbytes(n):
+        raise ValueError(f"bitmap has {bitmap.shape[0]} bytes, {ac_bitmap_nbytes(n)} expected "
+                         f"for {n} elements")
+    cdef size_t nnz = 0
+    cdef const uint8_t *b = _cptr(bitmap)
+    cdef int status
+    with nogil:
+        status = ac_bitmap_count(b, n, &nnz)
+    _check(status, "bitmap")
+    return nnz
+
+
+def bitmap_decode(const uint8_t[::1] bitmap, const uint8_t[::1] values, int esize,
+                  uint8_t[::1] out):
+    """Decode into `out`, a flat writable byte view of n * esize bytes."""
+    if esize not in (2, 4, 8) or out.shape[0] % esize or values.shape[0] % esize:
+        raise ValueError("bitmap_decode: buffer sizes are not whole elements")
+    cdef size_t n = out.shape[0] // esize
+    cdef size_t nnz = values.shape[0] // esize
+    if <size_t>bitmap.shape[0] != ac_bitmap_nbytes(n):
+        raise ValueError(f"bitmap has {bitmap.shape[0]} bytes, {ac_bitmap_nbytes(n)} expected "
+                         f"for {n} elements")
+    cdef const uint8_t *b = _cptr(bitmap)
+    cdef const uint8_t *v = _cptr(values)
+    cdef uint8_t *o = _wptr(out)
+    cdef int status
+    with nogil:
+        status = ac_bitmap_decode(b, v, nnz, n, esize, o)
+    _check(status, "bitmap decode")

@@ -1,0 +1,51 @@
+# Declarations of the pure-C core (csrc/actcodec.h).
+from libc.stdint cimport uint8_t, uint64_t
+
+cdef extern from "actcodec.h" nogil:
+    enum:
+        AC_OK
+        AC_EINVAL
+        AC_ECORRUPT
+        AC_ENOMEM
+        AC_EUNSUPPORTED
+        AC_ISA_COUNT
+    int ac_init()
+    const char *ac_isa_name(int isa)
+    int ac_isa_from_name(const char *name)
+    int ac_isa_available(int isa)
+    int ac_best_isa()
+    int ac_active_isa()
+    int ac_set_isa(int isa)
+    const char *ac_cpu_features()
+    int ac_openmp_enabled()
+    int ac_get_num_threads()
+    int ac_set_num_threads(int n)
+    size_t ac_bitmap_nbytes(size_t n)
+    int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bits,
+                         uint8_t *bitmap, void *values, size_t *nnz)
+    int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz)
+    int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
+                         int esize, void *dst)
+    void ac_parallel_copy(void *dst, const void *src, size_t nbytes)
+    uint64_t ac_checksum64(const void *data, size_t nbytes, uint64_t seed)
+
+
+cdef inline int _check(int status, str what) except -1:
+    """Turn a C status into the Python exception a caller can act on."""
+    if status == AC_OK:
+        return 0
+    if status == AC_ECORRUPT:
+        raise ValueError(f"{what}: corrupted encoding (bitmap count or padding bits do not match)")
+    if status == AC_ENOMEM:
+        raise MemoryError(f"{what}: out of memory")
+    if status == AC_EUNSUPPORTED:
+        raise ValueError(f"{what}: instruction set not available on this CPU")
+    raise ValueError(f"{what}: invalid argument (status {status})")
+
+
+cdef inline const uint8_t *_cptr(const uint8_t[::1] m) noexcept:
+    return NULL if m.shape[0] == 0 else &m[0]
+
+
+cdef inline uint8_t *_wptr(uint8_t[::1] m) noexcept:
+    return NULL if m.shape[0] == 0 else &m[0]

@@ -1,0 +1,80 @@
+/* actcodec public C API: activation-compression codecs with run-time SIMD dispatch.
+ * Pure C99/C11, no Python headers. Every function checks its lengths and returns an
+ * ac_status; nothing aborts the process. */
+#ifndef ACTCODEC_H
+#define ACTCODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    AC_OK = 0,
+    AC_EINVAL = -1,       /* a bad argument (size, element width, parameter) */
+    AC_ECORRUPT = -2,     /* encoded data is inconsistent (popcount, padding bits) */
+    AC_ENOMEM = -3,       /* scratch allocation failed */
+    AC_EUNSUPPORTED = -4  /* requested ISA is not available on this CPU/build */
+} ac_status;
+
+/* Instruction-set paths, in order of preference within an architecture. */
+typedef enum {
+    AC_ISA_SCALAR = 0,
+    AC_ISA_SSE2 = 1,
+    AC_ISA_AVX2 = 2,
+    AC_ISA_NEON = 3,
+    AC_ISA_COUNT = 4
+} ac_isa;
+
+/* ---- dispatch and threads (dispatch.c, threads.c) ---- */
+
+/* Reads ACTCODEC_SIMD and ACTCODEC_NUM_THREADS once. Returns AC_EINVAL for an unknown
+ * ACTCODEC_SIMD name, AC_EUNSUPPORTED for a path this CPU lacks (the active path then stays
+ * the best available). Safe to call more than once; later calls return the first result. */
+int ac_init(void);
+const char *ac_isa_name(int isa);       /* "scalar", "sse2", "avx2", "neon"; NULL if out of range */
+int ac_isa_from_name(const char *name); /* -1 if unknown */
+int ac_isa_available(int isa);          /* compiled in and supported by this CPU */
+int ac_best_isa(void);
+int ac_active_isa(void);
+int ac_set_isa(int isa);                /* AC_EUNSUPPORTED if not available */
+/* Human-readable CPU feature list, e.g. "sse2 ssse3 sse4.1 avx avx2 popcnt bmi2". */
+const char *ac_cpu_features(void);
+
+int ac_openmp_enabled(void);            /* 1 if built with OpenMP */
+int ac_get_num_threads(void);
+int ac_set_num_threads(int n);          /* n >= 1; AC_EINVAL otherwise */
+
+/* ---- sparse bitmap codec (bitmap.c) ----
+ * Element i is "nonzero" iff its bit pattern is not all zero bits (so -0.0 and NaNs are kept
+ * bit-exact). Bitmap bit i lives in byte i/8 at bit position i%8 (LSB first); padding bits
+ * after element n-1 are zero. Values: the nonzero elements in order, packed densely. */
+size_t ac_bitmap_nbytes(size_t n);      /* (n + 7) / 8 */
+
+/* src: n elements of esize (2, 4 or 8) bytes. prune_abs_bits: 0 = lossless; otherwise the
+ * element is stored as zero when (bits & ~sign_bit) < prune_abs_bits (|x| < t for floats,
+ * where prune_abs_bits is the bit pattern of the smallest representable value >= t).
+ * bitmap: ac_bitmap_nbytes(n) bytes. values: room for n elements. *nnz receives the count. */
+int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bits,
+                     uint8_t *bitmap, void *values, size_t *nnz);
+
+/* Counts set bits of a bitmap of n elements; AC_ECORRUPT if a padding bit is set. */
+int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz);
+
+/* Inverse of encode. Checks that the bitmap has exactly nnz set bits and zero padding
+ * (AC_ECORRUPT otherwise, dst untouched), so it never reads past values[nnz). */
+int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
+                     int esize, void *dst);
+
+/* ---- utilities ---- */
+/* memcpy split over the configured threads (the calibration baseline for benchmarks). */
+void ac_parallel_copy(void *dst, const void *src, size_t nbytes);
+/* Fast 64-bit checksum of a byte string (container format). Same value on every platform. */
+uint64_t ac_checksum64(const void *data, size_t nbytes, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

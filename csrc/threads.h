@@ -1,0 +1,13 @@
+/* Internal threading helpers. */
+#ifndef ACTCODEC_THREADS_H
+#define ACTCODEC_THREADS_H
+#include <stddef.h>
+#include "actcodec.h"
+
+/* Below this much data per thread, starting threads costs more than it saves. */
+#define AC_MIN_BYTES_PER_THREAD (256u * 1024u)
+
+/* Threads to use for a job of nbytes split into nblocks independent blocks (>= 1). */
+int ac_threads_for(size_t nbytes, size_t nblocks);
+
+#endif

@@ -1,0 +1,455 @@
+/* Standalone C tests for the sparse-bitmap codec (no Python).
+ *
+ * Part 1: every kernel table that is compiled in and usable on this CPU, scalar included,
+ *   must match an independent model of the format byte for byte (bitmap, count, packed
+ *   values, decoded output, popcount), hence SIMD must match scalar. Buffers a kernel only
+ *   reads (src, bitmap, vals) are allocated at their exact size so ASan catches over-reads;
+ *   buffers it writes are surrounded by canary bytes (out may take AC_BITMAP_SLACK bytes past
+ *   the packed values, the bitmap and dst nothing past their end).
+ * Part 2: the public driver API (dispatch, threads, ac_bitmap_*) on large arrays for every
+ *   available ISA and thread count, including its rejection of corrupt input.
+ *
+ * Prints "N passed, M failed" (test cases) last; exits 1 on any failure. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "actcodec.h"
+#include "kernels.h"
+
+#define CANARY 0xA5
+#define GUARD 64 /* canary bytes checked after every region a kernel may write */
+
+static unsigned long long n_passed, n_failed;
+
+/* Records one case; prints the first few failures with their context. */
+static int report(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int report(int ok, const char *fmt, ...) {
+    if (ok) {
+        n_passed++;
+        return 1;
+    }
+    if (++n_failed <= 25) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("FAIL ", stdout);
+        vprintf(fmt, ap);
+        fputc('\n', stdout);
+        va_end(ap);
+    }
+    return 0;
+}
+
+static void *xmalloc(size_t n) {
+    /* malloc(0) may return NULL, which is fine: such a buffer must never be dereferenced. */
+    void *p = malloc(n);
+    if (p == NULL && n != 0) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- deterministic randomness (splitmix64) ---- */
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+static uint64_t rnd(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rnd01(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
+
+/* ---- element access by width (endian-neutral: values go through the native type) ---- */
+static uint64_t width_mask(int es) { return es == 8 ? ~0ull : (1ull << (8 * es)) - 1; }
+static uint64_t abs_mask(int es) { return width_mask(es) >> 1; }
+
+static uint64_t get_elem(const unsigned char *p, int es) {
+    if (es == 2) { uint16_t v; memcpy(&v, p, 2); return v; }
+    if (es == 4) { uint32_t v; memcpy(&v, p, 4); return v; }
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static void put_elem(unsigned char *p, int es, uint64_t x) {
+    if (es == 2) { uint16_t v = (uint16_t)x; memcpy(p, &v, 2); }
+    else if (es == 4) { uint32_t v = (uint32_t)x; memcpy(p, &v, 4); }
+    else memcpy(p, &x, 8);
+}
+
+/* The format, restated independently of any kernel. */
+static int model_keep(uint64_t bits, int es, uint64_t thr) {
+    return thr ? (bits & abs_mask(es)) >= thr : bits != 0;
+}
+
+/* ---- input patterns ---- */
+enum { P_ZERO, P_DENSE, P_RANDOM, P_ZERO10, P_ZERO50, P_ZERO90, P_SPECIAL, P_NEAR_THR, P_COUNT };
+static const char *const pattern_names[P_COUNT] = {
+    "all-zero", "no-zeros", "random-bits", "p0=0.1", "p0=0.5", "p0=0.9", "fp-specials", "near-thr"};
+
+static uint64_t rnd_nonzero(int es) {
+    uint64_t x;
+    do x = rnd() & width_mask(es);
+    while (x == 0);
+    return x;
+}
+
+/* IEEE special encodings of the element's float format (binary16 or bfloat16 for 2 bytes). */
+static uint64_t rnd_special(int es) {
+    int mant = es == 8 ? 52 : es == 4 ? 23 : (rnd() & 1) ? 10 : 7;
+    int bits = 8 * es;
+    uint64_t sign = 1ull << (bits - 1), mmask = (1ull << mant) - 1;
+    uint64_t emask = (width_mask(es) >> 1) & ~mmask;
+    uint64_t s = (rnd() & 1) ? sign : 0;
+    switch (rnd() % 10) {
+    case 0: return 0;                                    /* +0.0 */
+    case 1: return sign;                                 /* -0.0 */
+    case 2: return s | emask;                            /* +-inf */
+    case 3: {                                            /* NaN with a random payload */
+        uint64_t payload = rnd() & mmask;
+        return s | emask | (payload ? payload : 1);
+    }
+    case 4: return s | emask | (1ull << (mant - 1));     /* quiet NaN, no payload */
+    case 5: return s | ((rnd() & mmask) | 1);            /* subnormal */
+    case 6: return s | 1;                                /* smallest subnormal */
+    case 7: return s | (emask - (1ull << mant)) | mmask; /* largest finite */
+    case 8: return s | ((emask >> 1) & emask);           /* +-1.0: the bias, bias << mant */
+    default: return rnd() & width_mask(es);              /* anything */
+    }
+}
+
+static uint64_t gen_elem(int pattern, int es, uint64_t thr) {
+    switch (pattern) {
+    case P_ZERO: return 0;
+    case P_DENSE: return rnd_nonzero(es);
+    case P_RANDOM: return rnd() & width_mask(es);
+    case P_ZERO10: return rnd01() < 0.1 ? 0 : rnd_nonzero(es);
+    case P_ZERO50: return rnd01() < 0.5 ? 0 : rnd_nonzero(es);
+    case P_ZERO90: return rnd01() < 0.9 ? 0 : rnd_nonzero(es);
+    case P_SPECIAL: return rnd_special(es);
+    default: {
+        /* |x| at thr - 1, thr, thr + 1 (wrapped into the magnitude bits), either sign. */
+        uint64_t sign = (rnd() & 1) ? abs_mask(es) + 1 : 0;
+        uint64_t mag = (thr + (rnd() % 3) - 1) & abs_mask(es);
+        return rnd() % 8 == 0 ? 0 : sign | mag;
+    }
+    }
+}
+
+/* ---- ISAs under test ---- */
+typedef struct {
+    int isa;
+    ac_kernels k;
+} isa_kernels;
+
+static isa_kernels isas[AC_ISA_COUNT];
+static int n_isas;
+
+static void collect_isas(void) {
+    int (*const fill[AC_ISA_COUNT])(ac_kernels *) = {ac_kernels_scalar, ac_kernels_sse2,
+                                                      ac_kernels_avx2, ac_kernels_neon};
+    for (int isa = 0; isa < AC_ISA_COUNT; isa++) {
+        ac_kernels k;
+        memset(&k, 0, sizeof k);
+        /* Compiled in (fill returns 1) and runnable here (the dispatcher's CPU check). */
+        if (fill[isa](&k) && ac_isa_available(isa)) {
+            isas[n_isas].isa = isa;
+            isas[n_isas].k = k;
+            n_isas++;
+        } else {
+            printf("isa %-6s not tested (%s)\n", ac_isa_name(isa),
+                   fill[isa](&k) ? "not supported by this CPU" : "not compiled for this target");
+        }
+    }
+}
+
+static int canary_ok(const unsigned char *p, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != CANARY) return 0;
+    return 1;
+}
+
+/* The expected encoding of one input, computed by the model. */
+typedef struct {
+    size_t count;
+    unsigned char *bitmap; /* exactly (n + 7) / 8 bytes, so over-reads are caught */
+    unsigned char *vals;   /* count * es bytes */
+    unsigned char *dec;    /* expected decode: pruned elements zeroed */
+} encoded;
+
+#define CTX "isa=%s es=%d n=%zu %s thr=0x%" PRIx64 " off=%zu/%zu/%zu/%zu"
+#define CTX_ARGS(isa) \
+    ac_isa_name(isa), es, n, pattern_names[pattern], thr, o_src, o_out, o_val, o_dst
+
+static void kernel_case(int es, size_t n, int pattern, uint64_t thr) {
+    const int idx = ac_esize_index(es);
+    const size_t bytes = n * (size_t)es, nb = (n + 7) / 8;
+    /* Odd offsets misalign every buffer from its element size. */
+    const size_t o_src = rnd() % 8, o_out = rnd() % 8, o_val = rnd() % 8, o_dst = rnd() % 8;
+
+    unsigned char *src_block = xmalloc(o_src + bytes), *src = src_block + o_src;
+    for (size_t i = 0; i < n; i++) put_elem(src + i * es, es, gen_elem(pattern, es, thr));
+
+    /* The model's bitmap, values and decode. */
+    encoded want;
+    want.count = 0;
+    want.bitmap = xmalloc(nb);
+    want.vals = xmalloc(bytes);
+    want.dec = xmalloc(bytes);
+    memset(want.bitmap, 0, nb);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x = get_elem(src + i * es, es);
+        int keep = model_keep(x, es, thr);
+        if (keep) {
+            want.bitmap[i / 8] |= (unsigned char)(1u << (i % 8));
+            put_elem(want.vals + want.count++ * es, es, x);
+        }
+        put_elem(want.dec + i * es, es, keep ? x : 0);
+    }
+
+    unsigned char *out_block = xmalloc(o_out + bytes + AC_BITMAP_SLACK + GUARD);
+    unsigned char *bm_block = xmalloc(nb + GUARD);
+    unsigned char *dst_block = xmalloc(o_dst + bytes + GUARD);
+    unsigned char *out = out_block + o_out, *dst = dst_block + o_dst;
+
+    for (int t = 0; t < n_isas; t++) {
+        const ac_kernels *k = &isas[t].k;
+        const int isa = isas[t].isa;
+        /* Every table, scalar included, must equal the model byte for byte; so each SIMD
+         * table equals scalar wherever scalar passes, and a scalar bug is reported too. */
+
+        /* Encode: count, bitmap and values equal; writes stay within the slack. */
+        memset(out_block, CANARY, o_out + bytes + AC_BITMAP_SLACK + GUARD);
+        memset(bm_block, CANARY, nb + GUARD);
+        size_t count = k->bm_encode[idx](src, n, bm_block, out, thr);
+        const char *why = NULL;
+        if (count != want.count) why = "count";
+        else if (memcmp(bm_block, want.bitmap, nb) != 0) why = "bitmap bytes";
+        else if (memcmp(out, want.vals, count * es) != 0) why = "packed values";
+        else if (!canary_ok(bm_block + nb, GUARD)) why = "write past the bitmap";
+        else if (!canary_ok(out_block, o_out)) why = "write before out";
+        else if (!canary_ok(out + count * es + AC_BITMAP_SLACK,
+                            bytes - count * es + GUARD)) why = "write past the slack";
+        if (!report(why == NULL, "encode " CTX ": %s (count %zu, want %zu)", CTX_ARGS(isa),
+                    why, count, want.count))
+            continue;
+
+        /* Decode from values sized exactly count * es and an exact-size bitmap. */
+        unsigned char *val_block = xmalloc(o_val + want.count * es);
+        memcpy(val_block + o_val, want.vals, want.count * es);
+        memset(dst_block, CANARY, o_dst + bytes + GUARD);
+        k->bm_decode[idx](want.bitmap, n, val_block + o_val, want.count, dst);
+        why = NULL;
+        if (memcmp(dst, want.dec, bytes) != 0) why = "decoded elements";
+        else if (!canary_ok(dst_block, o_dst)) why = "write before dst";
+        else if (!canary_ok(dst + bytes, GUARD)) why = "write past dst";
+        report(why == NULL, "decode " CTX ": %s", CTX_ARGS(isa), why);
+        free(val_block);
+
+        report(k->popcount(want.bitmap, nb) == want.count, "popcount " CTX, CTX_ARGS(isa));
+    }
+    free(dst_block);
+    free(bm_block);
+    free(out_block);
+    free(want.dec);
+    free(want.vals);
+    free(want.bitmap);
+    free(src_block);
+}
+
+/* Thresholds worth testing for a width: lossless, tiny, a few real magnitudes, and the
+ * edges around the magnitude range (absmask + 1 and beyond keep nothing). */
+static size_t thresholds(int es, uint64_t *t) {
+    const uint64_t a = abs_mask(es);
+    /* Bit patterns of 1e-3 and 0.5 in the width's float format. */
+    const uint64_t milli = es == 2 ? 0x1419 : es == 4 ? 0x3A83126F : 0x3F50624DD2F1A9FCull;
+    const uint64_t half = es == 2 ? 0x3800 : es == 4 ? 0x3F000000 : 0x3FE0000000000000ull;
+    size_t k = 0;
+    t[k++] = 0;
+    t[k++] = 1;
+    t[k++] = 2;
+    t[k++] = milli;
+    t[k++] = half;
+    t[k++] = a / 2 + 1;
+    t[k++] = a;
+    t[k++] = a + 1;
+    if (es < 8) t[k++] = width_mask(es) + 1;
+    t[k++] = ~0ull;
+    return k;
+}
+
+static void kernel_tests(void) {
+    static const int widths[3] = {2, 4, 8};
+    static const size_t large[] = {100003, 131072 + 5};
+    uint64_t thr[16];
+    for (int w = 0; w < 3; w++) {
+        const int es = widths[w];
+        const size_t nthr = thresholds(es, thr);
+        for (int p = 0; p < P_COUNT; p++)
+            for (size_t t = 0; t < nthr; t++) {
+                for (size_t n = 0; n <= 300; n++) kernel_case(es, n, p, thr[t]);
+                for (size_t i = 0; i < sizeof large / sizeof large[0]; i++)
+                    kernel_case(es, large[i], p, thr[t]);
+            }
+    }
+}
+
+/* Popcount of arbitrary bytes at every length and alignment, against scalar. */
+static void popcount_tests(void) {
+    ac_kernels ref;
+    ac_kernels_scalar(&ref);
+    for (size_t len = 0; len <= 300 + 200000; len += len < 300 ? 1 : 99991) {
+        for (size_t off = 0; off < 16; off += 5) {
+            unsigned char *block = xmalloc(off + len);
+            for (size_t i = 0; i < len; i++) block[off + i] = (unsigned char)rnd();
+            size_t want = ref.popcount(block + off, len);
+            for (int t = 0; t < n_isas; t++)
+                report(isas[t].k.popcount(block + off, len) == want,
+                       "popcount isa=%s len=%zu off=%zu", ac_isa_name(isas[t].isa), len, off);
+            free(block);
+        }
+    }
+}
+
+/* ---- public driver API ---- */
+
+static void api_argument_tests(void) {
+    size_t nnz = 7;
+    uint8_t bm[1] = {0};
+    uint16_t x[1] = {0}, v[1] = {0};
+    report(ac_bitmap_encode(x, 1, 3, 0, bm, v, &nnz) == AC_EINVAL, "encode esize 3 -> EINVAL");
+    report(ac_bitmap_decode(bm, v, 0, 1, 16, x) == AC_EINVAL, "decode esize 16 -> EINVAL");
+    report(ac_bitmap_encode(x, 0, 2, 0, bm, v, &nnz) == AC_OK && nnz == 0, "encode n=0");
+    report(ac_bitmap_decode(bm, v, 0, 0, 2, x) == AC_OK, "decode n=0");
+    report(ac_bitmap_decode(bm, v, 1, 0, 2, x) == AC_ECORRUPT, "decode n=0 nnz=1 -> ECORRUPT");
+    report(ac_bitmap_decode(bm, v, 2, 1, 2, x) == AC_ECORRUPT, "decode nnz > n -> ECORRUPT");
+    report(ac_set_num_threads(0) == AC_EINVAL, "set_num_threads(0) -> EINVAL");
+    report(ac_set_isa(AC_ISA_COUNT) == AC_EUNSUPPORTED, "set_isa(out of range)");
+    report(ac_bitmap_nbytes(0) == 0 && ac_bitmap_nbytes(1) == 1 && ac_bitmap_nbytes(8) == 1 &&
+               ac_bitmap_nbytes(9) == 2, "ac_bitmap_nbytes");
+}
+
+/* Decode must refuse a bitmap/count mismatch without touching dst. */
+static void expect_corrupt(const uint8_t *bm, const unsigned char *vals, size_t nnz, size_t n,
+                           int es, unsigned char *dst, const char *what, const char *ctx) {
+    memset(dst, CANARY, n * es);
+    int rc = ac_bitmap_decode(bm, vals, nnz, n, es, dst);
+    report(rc == AC_ECORRUPT && canary_ok(dst, n * es), "api %s: %s -> %d, want ECORRUPT",
+           ctx, what, rc);
+}
+
+static void api_roundtrip(int es, size_t n, uint64_t thr) {
+    const int idx = ac_esize_index(es);
+    const size_t bytes = n * (size_t)es, nb = ac_bitmap_nbytes(n);
+    unsigned char *src = xmalloc(bytes);
+    for (size_t i = 0; i < n; i++) {
+        /* ReLU-like activations: half zeros, some fp specials, the rest random. */
+        double u = rnd01();
+        uint64_t x = u < 0.5 ? 0 : u < 0.55 ? rnd_special(es) : rnd() & width_mask(es);
+        put_elem(src + i * es, es, x);
+    }
+    /* Reference: the scalar kernel over the whole array. */
+    ac_kernels ref;
+    ac_kernels_scalar(&ref);
+    unsigned char *want_bm = xmalloc(nb), *want_vals = xmalloc(bytes + AC_BITMAP_SLACK);
+    size_t want_nnz = ref.bm_encode[idx](src, n, want_bm, want_vals, thr);
+    unsigned char *want_dec = xmalloc(bytes);
+    ref.bm_decode[idx](want_bm, n, want_vals, want_nnz, want_dec);
+
+    uint8_t *bm = xmalloc(nb);
+    unsigned char *vals = xmalloc(bytes), *dst = xmalloc(bytes);
+    for (int t = 0; t < n_isas; t++) {
+        const int isa = isas[t].isa;
+        report(ac_set_isa(isa) == AC_OK && ac_active_isa() == isa, "ac_set_isa(%s)",
+               ac_isa_name(isa));
+        for (int threads = 1; threads <= 2; threads++) {
+            char ctx[96];
+            snprintf(ctx, sizeof ctx, "isa=%s threads=%d es=%d n=%zu thr=0x%" PRIx64,
+                     ac_isa_name(isa), threads, es, n, thr);
+            report(ac_set_num_threads(threads) == AC_OK && ac_get_num_threads() == threads,
+                   "api %s: set_num_threads", ctx);
+
+            size_t nnz = 0;
+            int rc = ac_bitmap_encode(src, n, es, thr, bm, vals, &nnz);
+            report(rc == AC_OK && nnz == want_nnz && memcmp(bm, want_bm, nb) == 0 &&
+                       memcmp(vals, want_vals, nnz * es) == 0,
+                   "api %s: encode rc=%d nnz=%zu want %zu", ctx, rc, nnz, want_nnz);
+
+            size_t counted = 0;
+            rc = ac_bitmap_count(bm, n, &counted);
+            report(rc == AC_OK && counted == want_nnz, "api %s: count rc=%d", ctx, rc);
+
+            /* Values in a buffer of exactly nnz elements. */
+            unsigned char *exact = xmalloc(want_nnz * es);
+            memcpy(exact, want_vals, want_nnz * es);
+            memset(dst, CANARY, bytes);
+            rc = ac_bitmap_decode(want_bm, exact, want_nnz, n, es, dst);
+            report(rc == AC_OK && memcmp(dst, want_dec, bytes) == 0, "api %s: decode rc=%d",
+                   ctx, rc);
+
+            /* Corruption: a flipped bit anywhere, a wrong count, a set padding bit. */
+            uint8_t *bad = xmalloc(nb);
+            memcpy(bad, want_bm, nb);
+            size_t bit = rnd() % n;
+            bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            expect_corrupt(bad, exact, want_nnz, n, es, dst, "flipped bitmap bit", ctx);
+            memcpy(bad, want_bm, nb);
+            expect_corrupt(bad, exact, want_nnz + 1, n, es, dst, "nnz + 1", ctx);
+            if (want_nnz > 0) expect_corrupt(bad, exact, want_nnz - 1, n, es, dst, "nnz - 1", ctx);
+            if (n % 8) {
+                bad[nb - 1] |= 0x80;
+                expect_corrupt(bad, exact, want_nnz + 1, n, es, dst, "padding bit set", ctx);
+                rc = ac_bitmap_count(bad, n, &counted);
+                report(rc == AC_ECORRUPT, "api %s: count with padding bit -> %d", ctx, rc);
+            }
+            free(bad);
+            free(exact);
+        }
+    }
+    free(dst);
+    free(vals);
+    free(bm);
+    free(want_dec);
+    free(want_vals);
+    free(want_bm);
+    free(src);
+}
+
+static void api_tests(void) {
+    api_argument_tests();
+    /* Not multiples of 8, and several driver blocks per thread. */
+    static const size_t sizes[] = {1000003, 2999999};
+    for (int w = 0; w < 3; w++) {
+        const int es = 2 << w;
+        const uint64_t mid = es == 2 ? 0x1419 : es == 4 ? 0x3A83126F : 0x3F50624DD2F1A9FCull;
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            api_roundtrip(es, sizes[s], 0);
+            api_roundtrip(es, sizes[s], mid);
+        }
+    }
+}
+
+int main(void) {
+    int rc = ac_init();
+    report(rc == AC_OK, "ac_init() -> %d", rc);
+    printf("cpu features: %s\nbest isa: %s, openmp: %d\n", ac_cpu_features(),
+           ac_isa_name(ac_best_isa()), ac_openmp_enabled());
+    collect_isas();
+    for (int t = 0; t < n_isas; t++) printf("isa %-6s tested\n", ac_isa_name(isas[t].isa));
+
+    unsigned long long before = n_passed + n_failed;
+    kernel_tests();
+    popcount_tests();
+    printf("kernels: %llu cases\n", n_passed + n_failed - before);
+
+    before = n_passed + n_failed;
+    const int best = ac_active_isa(), threads = ac_get_num_threads();
+    api_tests();
+    ac_set_isa(best);
+    ac_set_num_threads(threads);
+    printf("driver api: %llu cases\n", n_passed + n_failed - before);
+
+    printf("%llu passed, %llu failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}
