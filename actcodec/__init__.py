@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import os
 
-from . import _ext
+try:
+    from . import _ext
+except ImportError as exc:  # running from a source tree whose extension was never built
+    raise ImportError(
+        "actcodec's compiled extension (actcodec._ext) is not built here. In a source "
+        "checkout run `pip install -e .` (builds it in place); after a plain `pip install .`, "
+        "run Python outside the source directory so the installed package is imported."
+    ) from exc
 
 _status = _ext._init()
 if _status != 0:
