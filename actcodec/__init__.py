@@ -26,9 +26,11 @@ if _status != 0:
         + f"; available here: {', '.join(_avail)}"
     )
 
-from . import bitmap, raw  # noqa: E402  (registers the codecs)
-from .codecs import Bitmap, Codec, Raw  # noqa: E402
+from . import bitmap, bitmap_quant, quant, raw  # noqa: E402  (registers the codecs)
+from .auto import encode  # noqa: E402
+from .codecs import Auto, Bitmap, BitmapQuant, Codec, Quant, Raw  # noqa: E402
 from .container import Encoded, from_bytes  # noqa: E402
+from .quant import NonFiniteError  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -58,7 +60,18 @@ def simd_info() -> dict:
     }
 
 
+def set_bittrick(on: bool) -> None:
+    """Choose the code<->float conversion: DAF's bit trick (True) or plain casts (False).
+    Both give identical results; the default is the faster one on the benchmark machine."""
+    _ext.set_bittrick(on)
+
+
+def get_bittrick() -> bool:
+    return _ext.get_bittrick()
+
+
 __all__ = [
-    "Bitmap", "Codec", "Encoded", "Raw", "bitmap", "raw", "from_bytes", "get_num_threads",
-    "set_num_threads", "get_simd", "set_simd", "simd_info",
+    "Auto", "Bitmap", "BitmapQuant", "Codec", "Encoded", "NonFiniteError", "Quant", "Raw",
+    "bitmap", "bitmap_quant", "encode", "from_bytes", "get_bittrick", "get_num_threads",
+    "get_simd", "quant", "raw", "set_bittrick", "set_num_threads", "set_simd", "simd_info",
 ]

@@ -8,6 +8,7 @@ cdef extern from "actcodec.h" nogil:
         AC_ECORRUPT
         AC_ENOMEM
         AC_EUNSUPPORTED
+        AC_ENONFINITE
         AC_ISA_COUNT
     int ac_init()
     const char *ac_isa_name(int isa)
@@ -26,6 +27,16 @@ cdef extern from "actcodec.h" nogil:
     int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz)
     int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
                          int esize, void *dst)
+    size_t ac_quant_packed_nbytes(size_t n, int bits)
+    size_t ac_quant_ngroups(size_t n, size_t group)
+    int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group,
+                        int rounding, uint64_t seed, uint8_t *packed, float *mins,
+                        float *scales, size_t *bad_index)
+    int ac_quant_decode(const uint8_t *packed, const float *mins, const float *scales,
+                        size_t n, int bits, size_t group, int out_dtype, void *dst)
+    int ac_get_bittrick()
+    void ac_set_bittrick(int on)
+    float ac_uniform(uint64_t seed, uint64_t index)
     void ac_parallel_copy(void *dst, const void *src, size_t nbytes)
     uint64_t ac_checksum64(const void *data, size_t nbytes, uint64_t seed)
 

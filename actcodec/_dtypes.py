@@ -46,6 +46,16 @@ def dtype_name(arr: np.ndarray, tag: str | None = None) -> str:
     )
 
 
+def canonical_name(dtype) -> str:
+    """A codec dtype name from a name, numpy dtype or type ("bfloat16" included)."""
+    if dtype == "bfloat16" or (_BF16 is not None and np.dtype(dtype) == _BF16):
+        return "bfloat16"
+    name = np.dtype(dtype).name
+    if name not in DTYPES:
+        raise TypeError(f"unsupported dtype {dtype!r}")
+    return name
+
+
 def itemsize(name: str) -> int:
     return DTYPES[name][1]
 

@@ -9,3 +9,4 @@ cnp.import_array()
 include "_capi.pxi"
 include "_runtime.pxi"
 include "_bitmap.pxi"
+include "_quant.pxi"

@@ -69,7 +69,7 @@ def validate(enc: container.Encoded) -> None:
                          f"{values.nbytes // esize}")
 
 
-def decode_into(enc: container.Encoded, out_bytes: np.ndarray) -> None:
+def decode_into(enc: container.Encoded, out_bytes: np.ndarray, out_name: str) -> None:
     bitmap, values = enc.buffers
     _ext.bitmap_decode(bitmap, values, _dtypes.itemsize(enc.dtype), out_bytes)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import bitmap, container, raw
+from . import auto, bitmap, bitmap_quant, container, quant, raw
 
 
 class Codec:
@@ -15,7 +15,7 @@ class Codec:
 
     def decode(self, buf, out=None) -> np.ndarray:
         enc = container.from_bytes(buf)
-        if enc.codec != self.codec_name:
+        if self.codec_name is not None and enc.codec != self.codec_name:
             raise ValueError(f"{type(self).__name__} cannot decode a {enc.codec!r} encoding")
         return enc.decode(out)
 
@@ -66,3 +66,53 @@ class Raw(Codec):
 
     def _config(self):
         return {}
+
+
+class _Quantized(Codec):
+    """Shared settings of the k-bit codecs."""
+
+    def __init__(self, bits: int = 8, group_size: int | None = 256, rounding: str = "nearest",
+                 seed: int = 0, nonfinite: str = "raise"):
+        self._p = quant.check_params(bits, group_size, rounding, nonfinite, seed)
+
+    def _config(self):
+        return dict(self._p)
+
+
+class Quant(_Quantized):
+    """Dynamic k-bit quantization, per group of `group_size` elements."""
+
+    codec_id = "actcodec.quant"
+    codec_name = "quant"
+
+    def _encode(self, buf):
+        return quant.encode(buf, **self._p)
+
+
+class BitmapQuant(_Quantized):
+    """Bitmap of the nonzeros (exact zeros) + k-bit quantization of the nonzero values."""
+
+    codec_id = "actcodec.bitmap_quant"
+    codec_name = "bitmap_quant"
+
+    def _encode(self, buf):
+        return bitmap_quant.encode(buf, **self._p)
+
+
+class Auto(Codec):
+    """Picks the smallest encoding `bits` allows (None: lossless only); decodes any."""
+
+    codec_id = "actcodec.auto"
+    codec_name = None
+
+    def __init__(self, bits: int | None = None, group_size: int | None = 256,
+                 rounding: str = "nearest", seed: int = 0):
+        if bits is not None:
+            quant.check_params(bits, group_size, rounding, "raise", seed)
+        self._p = {"bits": bits, "group_size": group_size, "rounding": rounding, "seed": seed}
+
+    def _encode(self, buf):
+        return auto.encode(buf, "auto", **self._p)
+
+    def _config(self):
+        return dict(self._p)

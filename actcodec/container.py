@@ -23,7 +23,8 @@ _FIXED = struct.Struct("<4sBBBBBxxxI")  # magic, version, codec, dtype, ndim, nb
 _U64 = struct.Struct("<Q")
 
 # codec name -> module with CODEC_ID, PARAMS (struct.Struct), params_to_tuple/from_tuple,
-# validate(encoded) and decode_into(encoded, out_bytes). Filled by the codec modules.
+# validate(encoded) and decode_into(encoded, out_bytes, out_dtype_name), and optionally
+# DECODES_TO_FLOAT32. Filled by the codec modules.
 CODECS: dict = {}
 
 
@@ -66,14 +67,20 @@ class Encoded:
         """original bytes / payload bytes (inf for an empty payload)."""
         return self.original_nbytes / self.nbytes if self.nbytes else float("inf")
 
-    def decode(self, out: np.ndarray | None = None) -> np.ndarray:
-        """Decode into a new array, or into `out` (C-contiguous, same shape and dtype)."""
-        want = _dtypes.numpy_dtype(self.dtype)
+    def decode(self, out: np.ndarray | None = None, dtype: str | None = None) -> np.ndarray:
+        """Decode into a new array, or into `out` (C-contiguous, same shape). `dtype` is the
+        encoded dtype (default) or, for quantized codecs, "float32"."""
+        target = self.dtype if dtype is None else _dtypes.canonical_name(dtype)
+        to_f32 = getattr(CODECS[self.codec], "DECODES_TO_FLOAT32", False)
+        if target != self.dtype and not (target == "float32" and to_f32):
+            allowed = self.dtype + (" or float32" if to_f32 else "")
+            raise ValueError(f"a {self.codec} encoding of {self.dtype} decodes to {allowed}, "
+                             f"not {target}")
         if out is None:
-            out = np.empty(self.shape, want)
+            out = np.empty(self.shape, _dtypes.numpy_dtype(target))
         else:
-            _check_out(out, self.shape, self.dtype)
-        CODECS[self.codec].decode_into(self, out.reshape(-1).view(np.uint8))
+            _check_out(out, self.shape, target)
+        CODECS[self.codec].decode_into(self, out.reshape(-1).view(np.uint8), target)
         return out
 
     def to_bytes(self) -> bytes:

@@ -35,7 +35,7 @@ def validate(enc: container.Encoded) -> None:
         raise ValueError(f"raw buffer has {enc.buffers[0].nbytes} bytes, {want} expected")
 
 
-def decode_into(enc: container.Encoded, out_bytes: np.ndarray) -> None:
+def decode_into(enc: container.Encoded, out_bytes: np.ndarray, out_name: str) -> None:
     out_bytes[...] = enc.buffers[0]
 
 

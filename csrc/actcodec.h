@@ -16,8 +16,12 @@ typedef enum {
     AC_EINVAL = -1,       /* a bad argument (size, element width, parameter) */
     AC_ECORRUPT = -2,     /* encoded data is inconsistent (popcount, padding bits) */
     AC_ENOMEM = -3,       /* scratch allocation failed */
-    AC_EUNSUPPORTED = -4  /* requested ISA is not available on this CPU/build */
+    AC_EUNSUPPORTED = -4, /* requested ISA is not available on this CPU/build */
+    AC_ENONFINITE = -5    /* quantization input holds NaN/inf (or a float32 range overflow) */
 } ac_status;
+
+/* Element types; the values are the container format's dtype ids. */
+typedef enum { AC_F16 = 1, AC_BF16 = 2, AC_F32 = 3, AC_F64 = 4 } ac_dtype;
 
 /* Instruction-set paths, in order of preference within an architecture. */
 typedef enum {
@@ -67,6 +71,37 @@ int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz);
  * (AC_ECORRUPT otherwise, dst untouched), so it never reads past values[nnz). */
 int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
                      int esize, void *dst);
+
+/* ---- dynamic k-bit quantization (quant.c) ----
+ * Groups of `group` consecutive elements (the last may be short; group >= n means one group
+ * for the whole tensor). Per group, in float32: mn = min, mx = max, scale = (mx - mn) / L with
+ * L = 2^bits - 1, inv = scale > 0 ? 1 / scale : 0, t = (x - mn) * inv, and
+ *   nearest:    code = min(rint(t), L)                 (ties to even)
+ *   stochastic: code = min(floor(t + u), L)            u = ac_uniform(seed, element index)
+ * (where 1 / scale overflows, i.e. scale < ~2.9e-39, t = (x - mn) / scale instead). 
+ * Decoding gives mn + (float)code * scale (a multiply then an add, never fused).
+ * float16/bfloat16/float64 input is converted to float32 first (float64 rounds to nearest).
+ * Codes are packed in the unified layout: blocks of AC_QBLOCK_BYTES bytes; block b holds
+ * codes [b*P, (b+1)*P) with P = 8 * AC_QBLOCK_BYTES / bits, byte j holding codes j + i*32 at
+ * bit offset bits*i. A last partial block of m codes takes min(m, 32) bytes. */
+#define AC_QBLOCK_BYTES 32
+typedef enum { AC_ROUND_NEAREST = 0, AC_ROUND_STOCHASTIC = 1 } ac_rounding;
+
+size_t ac_quant_packed_nbytes(size_t n, int bits);
+size_t ac_quant_ngroups(size_t n, size_t group);
+/* mins/scales: ac_quant_ngroups(n, group) floats each. On AC_ENONFINITE, *bad_index is the
+ * first element that is NaN/inf (after conversion to float32) or whose group range overflows. */
+int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group, int rounding,
+                    uint64_t seed, uint8_t *packed, float *mins, float *scales,
+                    size_t *bad_index);
+int ac_quant_decode(const uint8_t *packed, const float *mins, const float *scales, size_t n,
+                    int bits, size_t group, int out_dtype, void *dst);
+/* Code <-> float conversion: 1 = DAF's bit trick (OR into the mantissa of 2^23), 0 = casts.
+ * Both give identical results; this picks the faster for the CPU (benchmarked). */
+int ac_get_bittrick(void);
+void ac_set_bittrick(int on);
+/* The stochastic-rounding uniform draw in [0, 1) (24 bits), for references and other backends. */
+float ac_uniform(uint64_t seed, uint64_t index);
 
 /* ---- utilities ---- */
 /* memcpy split over the configured threads (the calibration baseline for benchmarks). */

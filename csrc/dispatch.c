@@ -40,7 +40,8 @@ static unsigned long long read_xcr0(void) {
     return ((unsigned long long)edx << 32) | eax;
 }
 
-/* Returns the best x86 path: AVX2 needs the CPU bits and OS support for YMM state. */
+/* The x86 paths: AVX2 needs the CPU bits (with POPCNT and F16C, which every AVX2 CPU has)
+ * and OS support for YMM state. */
 static void detect_x86(int *has_sse2, int *has_avx2) {
     unsigned a, b, c, d;
     *has_sse2 = *has_avx2 = 0;
@@ -69,7 +70,7 @@ static void detect_x86(int *has_sse2, int *has_avx2) {
     if (avx512f) add_feature("avx512f");
     if (!os_avx && avx) add_feature("(avx disabled by the OS)");
     *has_sse2 = sse2;
-    *has_avx2 = avx2 && avx && os_avx && popcnt;
+    *has_avx2 = avx2 && avx && os_avx && popcnt && f16c;
 }
 #endif
 
@@ -86,8 +87,16 @@ static void detect(void) {
     add_feature("neon");
     available[AC_ISA_NEON] = ac_kernels_neon(&tables[AC_ISA_NEON]);
 #endif
-    for (int i = 0; i < AC_ISA_COUNT; i++)
-        if (available[i]) best_isa = i;
+    /* Every table starts from the scalar quantization kernels; each ISA overrides the ones
+     * it accelerates. */
+    int (*const quant_isa[AC_ISA_COUNT])(ac_kernels *) = {
+        NULL, ac_quant_kernels_sse2, ac_quant_kernels_avx2, ac_quant_kernels_neon};
+    for (int i = 0; i < AC_ISA_COUNT; i++) {
+        if (!available[i]) continue;
+        ac_quant_kernels_scalar(&tables[i]);
+        if (quant_isa[i]) quant_isa[i](&tables[i]);
+        best_isa = i;
+    }
 }
 
 static void init_once(void) {

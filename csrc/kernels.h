@@ -24,16 +24,48 @@ typedef void (*ac_bm_decode_fn)(const uint8_t *bitmap, size_t n, const void *val
 /* Number of set bits in nbytes bytes. */
 typedef size_t (*ac_popcount_fn)(const uint8_t *p, size_t nbytes);
 
+/* Quantization kernels work on float32 runs (float pointers 4-byte aligned); the driver
+ * converts other dtypes tile by tile. See actcodec.h for the math they must match exactly.
+ * minmax: n >= 1; returns 1 if any element is NaN/inf (the results are then unspecified). */
+typedef int (*ac_minmax_fn)(const float *x, size_t n, float *mn, float *mx);
+/* codes[i] = the code of x[i] (one byte each); levels = 2^bits - 1. For stochastic rounding
+ * element i draws ac_uniform_bits(key, idx0 + i) (idx0 + n never wraps: the driver splits). */
+typedef void (*ac_quantize_fn)(const float *x, size_t n, float mn, float inv, uint32_t levels,
+                               uint32_t key, uint32_t idx0, uint8_t *codes);
+/* out[i] = mn + (float)codes[i] * scale. */
+typedef void (*ac_dequantize_fn)(const uint8_t *codes, size_t n, float mn, float scale,
+                                 float *out);
+/* nblocks whole blocks of the unified layout: P = 256 / bits codes <-> 32 bytes each. */
+typedef void (*ac_pack_fn)(const uint8_t *codes, size_t nblocks, uint8_t *out);
+typedef void (*ac_unpack_fn)(const uint8_t *in, size_t nblocks, uint8_t *codes);
+/* dtype <-> float32 (float16 and bfloat16 round to nearest even; float64 -> float32 too). */
+typedef void (*ac_to_f32_fn)(const void *src, size_t n, float *dst);
+typedef void (*ac_from_f32_fn)(const float *src, size_t n, void *dst);
+
 typedef struct {
     ac_bm_encode_fn bm_encode[4];  /* index: 1 = 2-byte, 2 = 4-byte, 3 = 8-byte elements */
     ac_bm_decode_fn bm_decode[4];
     ac_popcount_fn popcount;
+    ac_minmax_fn minmax;
+    ac_quantize_fn quantize[2][2];   /* [bit trick?][rounding] */
+    ac_dequantize_fn dequantize[2];  /* [bit trick?] */
+    ac_pack_fn pack[4];              /* [log2(bits)]: 1, 2, 4, 8 bits */
+    ac_unpack_fn unpack[4];
+    ac_to_f32_fn to_f32[5];          /* [ac_dtype]; the AC_F32 entry is unused */
+    ac_from_f32_fn from_f32[5];
 } ac_kernels;
 
 /* Index into bm_encode/bm_decode for an element width; -1 if unsupported. */
 static inline int ac_esize_index(int esize) {
     return esize == 2 ? 1 : esize == 4 ? 2 : esize == 8 ? 3 : -1;
 }
+
+/* Fills the quantization entries with the scalar kernels; each ISA then overrides what it
+ * accelerates, so a table is never left with a hole. */
+void ac_quant_kernels_scalar(ac_kernels *k);
+int ac_quant_kernels_sse2(ac_kernels *k);
+int ac_quant_kernels_avx2(ac_kernels *k);
+int ac_quant_kernels_neon(ac_kernels *k);
 
 /* Each ISA file fills a table; returns 0 if that ISA is not compiled for this target. */
 int ac_kernels_scalar(ac_kernels *k);

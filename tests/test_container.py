@@ -20,6 +20,9 @@ def _sample_encodings():
         actcodec.bitmap.encode(relu),
         actcodec.bitmap.encode(np.zeros(0, np.float32)),
         actcodec.raw.encode(relu.astype(np.float32)),
+        actcodec.quant.encode(relu.astype(np.float32) - 0.5, 2, group_size=32),
+        actcodec.quant.encode(np.where(relu > 1, np.nan, relu), 4, nonfinite="keep"),
+        actcodec.bitmap_quant.encode(relu.astype(np.float16), 8, group_size=32),
     ]
 
 
@@ -190,20 +193,44 @@ def test_checksum_matches_reference(data):
     assert _ext.checksum64(data, 5) == ref.checksum64(data, 5)
 
 
-@pytest.mark.parametrize("codec", [actcodec.Bitmap(), actcodec.Bitmap(prune=0.25), actcodec.Raw()])
+def test_quantized_metadata_corruption():
+    """Resigned encodings whose group metadata decode to garbage are refused."""
+    data = actcodec.quant.encode(np.linspace(-1, 1, 64, dtype=np.float32), 4, group_size=32).to_bytes()
+    enc = actcodec.from_bytes(data)
+    hlen = len(data) - enc.nbytes
+    mins_at = hlen + enc.buffers[0].nbytes
+    scales_at = mins_at + enc.buffers[1].nbytes
+    for at, value in [(mins_at, np.nan), (scales_at, -1.0), (scales_at, np.inf), (mins_at, 3e38)]:
+        bad = bytearray(data)
+        bad[at:at + 4] = np.float32(value).tobytes()
+        if value == 3e38:
+            bad[scales_at:scales_at + 4] = np.float32(1e37).tobytes()
+        with pytest.raises(ValueError, match="mins/scales"):
+            actcodec.from_bytes(resign(bad))
+
+
+@pytest.mark.parametrize("codec", [
+    actcodec.Bitmap(), actcodec.Bitmap(prune=0.25), actcodec.Raw(), actcodec.Quant(8),
+    actcodec.Quant(2, group_size=None, rounding="stochastic", seed=3), actcodec.BitmapQuant(4),
+    actcodec.Auto(), actcodec.Auto(bits=4)])
 def test_numcodecs_style_codec(codec):
     x = np.maximum(np.random.default_rng(4).standard_normal((16, 16)), 0).astype(np.float32)
     data = codec.encode(x)
     assert isinstance(data, bytes)
     back = codec.decode(data)
-    want = x if codec.get_config().get("prune", 0) == 0 else np.where(x < 0.25, 0, x)
-    np.testing.assert_array_equal(back, want)
+    config = codec.get_config()
+    if "bits" in config and config["bits"] is not None:
+        assert np.abs(back - x).max() < 0.5 ** config["bits"] * 8
+    else:
+        want = x if config.get("prune", 0) == 0 else np.where(x < 0.25, 0, x)
+        np.testing.assert_array_equal(back, want)
     clone = type(codec).from_config(codec.get_config())
     assert clone == codec
     out = np.empty_like(x)
     assert codec.decode(data, out=out) is out
-    other = actcodec.Raw() if isinstance(codec, actcodec.Bitmap) else actcodec.Bitmap()
-    with pytest.raises(ValueError, match="cannot decode"):
-        other.decode(data)
+    if not isinstance(codec, actcodec.Auto):
+        other = actcodec.Raw() if not isinstance(codec, actcodec.Raw) else actcodec.Bitmap()
+        with pytest.raises(ValueError, match="cannot decode"):
+            other.decode(data)
     with pytest.raises(ValueError, match="config is for"):
         type(codec).from_config({"id": "something.else"})
