@@ -65,10 +65,24 @@ def cmd_bench(args) -> int:
 
     if args.threads:
         actcodec.set_num_threads(args.threads)
-    rows = benchmark.bitmap_report(args.mib, rounds=args.rounds)
-    text = benchmark.format_bitmap_report(rows, args.mib, actcodec.get_num_threads(),
-                                          actcodec.get_simd())
-    print(text)
+    try:
+        import torch
+
+        torch.set_num_threads(actcodec.get_num_threads())  # the same threads for every library
+    except ImportError:
+        pass
+    threads, path = actcodec.get_num_threads(), actcodec.get_simd()
+    parts = []
+    if "bitmap" in args.codecs:
+        rows = benchmark.bitmap_report(args.mib, rounds=args.rounds)
+        parts.append(benchmark.format_bitmap_report(rows, args.mib, threads, path))
+        print(parts[-1] + "\n", flush=True)
+    if "quant" in args.codecs:
+        rows = benchmark.quant_report(args.mib, rounds=args.rounds)
+        parts.append(benchmark.format_quant_report(rows, args.mib, threads, path,
+                                                   actcodec.get_bittrick()))
+        print(parts[-1] + "\n", flush=True)
+    text = "\n\n".join(parts)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
@@ -83,7 +97,9 @@ def main(argv=None) -> int:
     bench.add_argument("--mib", type=int, default=64, help="array size in MiB (default 64)")
     bench.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
     bench.add_argument("--threads", type=int, default=0, help="threads (default: all cores)")
-    bench.add_argument("--out", help="also write the markdown table to this file")
+    bench.add_argument("--codecs", nargs="+", default=["bitmap", "quant"],
+                       choices=["bitmap", "quant"], help="which reports (default: all)")
+    bench.add_argument("--out", help="also write the markdown tables to this file")
     args = parser.parse_args(argv)
     return {"info": cmd_info, "bench": cmd_bench}[args.command](args)
 

@@ -99,3 +99,114 @@ def format_bitmap_report(rows: list[dict], mib: int, threads: int, path: str) ->
             f"{r['decode_speedup_vs_numpy']:.1f}x faster | {r['encode_GBs']:.1f} | "
             f"{r['decode_GBs']:.1f} | {r['copy_GBs']:.1f} |")
     return "\n".join(lines)
+
+
+def torch_eager_quantize(xt, bits: int, group: int = 256):
+    """What a user writes in eager torch: per-group min-max, round, pack (same layout)."""
+    import torch
+
+    levels = (1 << bits) - 1
+    g = xt.view(-1, group)
+    mn, mx = torch.aminmax(g, dim=1, keepdim=True)
+    scale = (mx - mn) / levels
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    codes = torch.round((g - mn) * inv).clamp_(0, levels).to(torch.uint8).view(-1, 8 // bits, 32)
+    packed = codes[:, 0].clone()
+    for i in range(1, 8 // bits):
+        packed |= codes[:, i] << (bits * i)
+    return packed, mn, scale
+
+
+def torch_eager_dequantize(packed, mn, scale, bits: int, group: int = 256):
+    import torch
+
+    mask = (1 << bits) - 1
+    planes = [(packed >> (bits * i)) & mask for i in range(8 // bits)]
+    codes = torch.stack(planes, dim=1).view(-1, group).to(torch.float32)
+    return (mn + codes * scale).view(-1)
+
+
+def quant_report(mib: int = 64, bits_list=(1, 2, 4, 8), rounds: int = 9) -> list[dict]:
+    """k-bit encode/decode (G=256) vs a threaded copy, eager torch, bitsandbytes (8-bit), and
+    the bit-trick vs cast conversion paths."""
+    from . import _ext as ext
+    from . import quant
+
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is optional
+        torch = None
+    try:
+        import bitsandbytes.functional as bnbf
+    except Exception:  # pragma: no cover - optional, and may fail to load
+        bnbf = None
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((mib << 20) // 4, dtype=np.float32)
+    xt = torch.from_numpy(x) if torch is not None else None
+    trick = ext.get_bittrick()
+
+    def with_conversion(on, fn):
+        def run():
+            ext.set_bittrick(on)
+            try:
+                return fn()
+            finally:
+                ext.set_bittrick(trick)
+        return run
+
+    rows = []
+    for bits in bits_list:
+        enc = quant.encode(x, bits)
+        cands = {
+            "copy": lambda: threaded_copy(x),
+            "encode": lambda: quant.encode(x, bits),
+            "decode": lambda: enc.decode(),
+            "encode trick": with_conversion(True, lambda: quant.encode(x, bits)),
+            "encode cast": with_conversion(False, lambda: quant.encode(x, bits)),
+            "decode trick": with_conversion(True, lambda: enc.decode()),
+            "decode cast": with_conversion(False, lambda: enc.decode()),
+        }
+        if torch is not None:
+            tq = torch_eager_quantize(xt, bits)
+            cands["torch encode"] = lambda: torch_eager_quantize(xt, bits)
+            cands["torch decode"] = lambda: torch_eager_dequantize(*tq, bits)
+        if bnbf is not None and bits == 8:
+            bq = bnbf.quantize_blockwise(xt, blocksize=256)
+            cands["bnb encode"] = lambda: bnbf.quantize_blockwise(xt, blocksize=256)
+            cands["bnb decode"] = lambda: bnbf.dequantize_blockwise(*bq)
+        t = time_interleaved(cands, rounds=rounds)
+        row = {
+            "bits": bits, "ratio": enc.ratio, "nbytes": enc.nbytes,
+            "encode_vs_copy": t["encode"] / t["copy"], "decode_vs_copy": t["decode"] / t["copy"],
+            "trick_vs_cast_encode": t["encode trick"] / t["encode cast"],
+            "trick_vs_cast_decode": t["decode trick"] / t["decode cast"],
+        }
+        if torch is not None:
+            row["encode_speedup_vs_torch"] = t["torch encode"] / t["encode"]
+            row["decode_speedup_vs_torch"] = t["torch decode"] / t["decode"]
+        if "bnb encode" in t:
+            row["encode_speedup_vs_bnb"] = t["bnb encode"] / t["encode"]
+            row["decode_speedup_vs_bnb"] = t["bnb decode"] / t["decode"]
+        rows.append(row)
+    return rows
+
+
+def format_quant_report(rows: list[dict], mib: int, threads: int, path: str, trick: bool) -> str:
+    fmt = lambda r, k: f"{r[k]:.1f}x faster" if k in r else "-"  # noqa: E731
+    lines = [
+        f"k-bit quantization, {mib} MiB float32, group 256, nearest, {threads} threads, {path} "
+        f"path, {'bit-trick' if trick else 'cast'} conversion by default",
+        "",
+        "| bits | size ratio | encode / copy | decode / copy | encode vs torch eager | "
+        "decode vs torch eager | encode vs bitsandbytes | decode vs bitsandbytes | "
+        "trick / cast (enc, dec) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['bits']} | {r['ratio']:.2f}x | {r['encode_vs_copy']:.2f} | "
+            f"{r['decode_vs_copy']:.2f} | {fmt(r, 'encode_speedup_vs_torch')} | "
+            f"{fmt(r, 'decode_speedup_vs_torch')} | {fmt(r, 'encode_speedup_vs_bnb')} | "
+            f"{fmt(r, 'decode_speedup_vs_bnb')} | {r['trick_vs_cast_encode']:.2f}, "
+            f"{r['trick_vs_cast_decode']:.2f} |")
+    return "\n".join(lines)
