@@ -3,13 +3,38 @@ on the same input, and each is quoted as its median time over a yardstick's medi
 copy of the same array). Ratios from one run are what this shared, noisy machine can support."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import random
 import time
+from contextlib import contextmanager
 from statistics import median
 
 import numpy as np
 
 from . import _ext, bitmap
+
+
+REGIMES = ("fresh", "reused")
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
+
+
+@contextmanager
+def memory_regime(regime: str):
+    """'fresh': large outputs come newly mapped from the OS, so first-touch page faults are
+    part of every call (glibc's default for arrays of 32 MiB and more). 'reused': glibc keeps
+    freed memory and hands it out again, as it does for the smaller, recurring allocations of
+    a training loop. Either way every candidate, copy included, uses the same allocator."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c")) if regime == "reused" else None
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(_M_MMAP_MAX, 0)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
+    try:
+        yield
+    finally:
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(_M_MMAP_MAX, 65536)
+            libc.mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
 
 
 def time_interleaved(candidates: dict, rounds: int = 9, seed: int = 0) -> dict:
@@ -60,20 +85,21 @@ def relu_like(nbytes: int, zero_fraction: float, seed: int = 0) -> np.ndarray:
 def bitmap_report(mib: int = 64, zero_fractions=(0.1, 0.5, 0.9), rounds: int = 9) -> list[dict]:
     """Bitmap encode/decode vs a threaded copy and vs numpy, one row per zero fraction."""
     rows = []
-    for zf in zero_fractions:
+    for regime, zf in [(r, z) for r in REGIMES for z in zero_fractions]:
         x = relu_like(mib << 20, zf)
         enc = bitmap.encode(x)
         packed, values = numpy_bitmap_encode(x)
-        t = time_interleaved({
-            "copy": lambda: threaded_copy(x),
-            "encode": lambda: bitmap.encode(x),
-            "decode": lambda: enc.decode(),
-            "numpy encode": lambda: numpy_bitmap_encode(x),
-            "numpy decode": lambda: numpy_bitmap_decode(packed, values, x.size),
-        }, rounds=rounds)
+        with memory_regime(regime):
+            t = time_interleaved({
+                "copy": lambda: threaded_copy(x),
+                "encode": lambda: bitmap.encode(x),
+                "decode": lambda: enc.decode(),
+                "numpy encode": lambda: numpy_bitmap_encode(x),
+                "numpy decode": lambda: numpy_bitmap_decode(packed, values, x.size),
+            }, rounds=rounds)
         gbs = lambda s: x.nbytes / s / 1e9  # noqa: E731
         rows.append({
-            "zeros": zf, "ratio": enc.ratio, "copy_ms": t["copy"] * 1e3,
+            "memory": regime, "zeros": zf, "ratio": enc.ratio, "copy_ms": t["copy"] * 1e3,
             "copy_GBs": gbs(t["copy"]),
             "encode_vs_copy": t["encode"] / t["copy"], "decode_vs_copy": t["decode"] / t["copy"],
             "encode_speedup_vs_numpy": t["numpy encode"] / t["encode"],
@@ -88,13 +114,13 @@ def format_bitmap_report(rows: list[dict], mib: int, threads: int, path: str) ->
         f"Sparse bitmap, {mib} MiB float32, {threads} threads, {path} path "
         f"(medians of interleaved rounds; time ratios, lower is better for 'vs copy')",
         "",
-        "| zeros | size ratio | encode / copy | decode / copy | encode vs numpy | "
+        "| memory | zeros | size ratio | encode / copy | decode / copy | encode vs numpy | "
         "decode vs numpy | encode GB/s | decode GB/s | copy GB/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['zeros']:.0%} | {r['ratio']:.2f}x | {r['encode_vs_copy']:.2f} | "
+            f"| {r['memory']} | {r['zeros']:.0%} | {r['ratio']:.2f}x | {r['encode_vs_copy']:.2f} | "
             f"{r['decode_vs_copy']:.2f} | {r['encode_speedup_vs_numpy']:.1f}x faster | "
             f"{r['decode_speedup_vs_numpy']:.1f}x faster | {r['encode_GBs']:.1f} | "
             f"{r['decode_GBs']:.1f} | {r['copy_GBs']:.1f} |")
@@ -155,7 +181,7 @@ def quant_report(mib: int = 64, bits_list=(1, 2, 4, 8), rounds: int = 9) -> list
         return run
 
     rows = []
-    for bits in bits_list:
+    for regime, bits in [(r, b) for r in REGIMES for b in bits_list]:
         enc = quant.encode(x, bits)
         cands = {
             "copy": lambda: threaded_copy(x),
@@ -174,9 +200,10 @@ def quant_report(mib: int = 64, bits_list=(1, 2, 4, 8), rounds: int = 9) -> list
             bq = bnbf.quantize_blockwise(xt, blocksize=256)
             cands["bnb encode"] = lambda: bnbf.quantize_blockwise(xt, blocksize=256)
             cands["bnb decode"] = lambda: bnbf.dequantize_blockwise(*bq)
-        t = time_interleaved(cands, rounds=rounds)
+        with memory_regime(regime):
+            t = time_interleaved(cands, rounds=rounds)
         row = {
-            "bits": bits, "ratio": enc.ratio, "nbytes": enc.nbytes,
+            "memory": regime, "bits": bits, "ratio": enc.ratio, "nbytes": enc.nbytes,
             "encode_vs_copy": t["encode"] / t["copy"], "decode_vs_copy": t["decode"] / t["copy"],
             "trick_vs_cast_encode": t["encode trick"] / t["encode cast"],
             "trick_vs_cast_decode": t["decode trick"] / t["decode cast"],
@@ -197,14 +224,14 @@ def format_quant_report(rows: list[dict], mib: int, threads: int, path: str, tri
         f"k-bit quantization, {mib} MiB float32, group 256, nearest, {threads} threads, {path} "
         f"path, {'bit-trick' if trick else 'cast'} conversion by default",
         "",
-        "| bits | size ratio | encode / copy | decode / copy | encode vs torch eager | "
+        "| memory | bits | size ratio | encode / copy | decode / copy | encode vs torch eager | "
         "decode vs torch eager | encode vs bitsandbytes | decode vs bitsandbytes | "
         "trick / cast (enc, dec) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['bits']} | {r['ratio']:.2f}x | {r['encode_vs_copy']:.2f} | "
+            f"| {r['memory']} | {r['bits']} | {r['ratio']:.2f}x | {r['encode_vs_copy']:.2f} | "
             f"{r['decode_vs_copy']:.2f} | {fmt(r, 'encode_speedup_vs_torch')} | "
             f"{fmt(r, 'decode_speedup_vs_torch')} | {fmt(r, 'encode_speedup_vs_bnb')} | "
             f"{fmt(r, 'decode_speedup_vs_bnb')} | {r['trick_vs_cast_encode']:.2f}, "
