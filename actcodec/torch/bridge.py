@@ -1,0 +1,43 @@
+"""Zero-copy bridge between CPU tensors and the codecs: the codec reads the tensor's memory
+through a numpy view, and decoding writes straight into a new tensor's memory."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import auto, container
+
+_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64}
+
+
+def tensor_array(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
+    """A numpy view of a CPU tensor's elements (copied once if not contiguous), and the
+    bfloat16 tag when numpy needs one."""
+    if t.device.type != "cpu":
+        raise ValueError(f"tensor is on {t.device}; actcodec's codecs run on CPU tensors "
+                         f"(move it with .cpu(), or keep it uncompressed)")
+    if t.dtype not in _TORCH.values():
+        raise TypeError(f"unsupported tensor dtype {t.dtype}; actcodec encodes float16, "
+                        f"bfloat16, float32 and float64")
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    return t.numpy(), None
+
+
+def encode_tensor(t: torch.Tensor, codec: str = "auto", **params) -> container.Encoded:
+    """Encode a CPU tensor with a named codec (or "auto"); params as for actcodec.encode."""
+    arr, tag = tensor_array(t)
+    return auto.encode(arr, codec, dtype=tag, **params)
+
+
+def decode_tensor(enc: container.Encoded, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Decode into a new CPU tensor of the encoded dtype (or float32 for quantized codecs)."""
+    name = enc.dtype if dtype is None else next(k for k, v in _TORCH.items() if v == dtype)
+    out = torch.empty(enc.shape, dtype=_TORCH[name])
+    view = out.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else out.numpy()
+    enc.decode(out=view, dtype=name)
+    return out
