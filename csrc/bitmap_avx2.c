@@ -116,27 +116,9 @@ AVX2_INLINE void decode8(size_t es, unsigned m, const unsigned char *v, unsigned
     }
 }
 
-AVX2_INLINE size_t encode_loop(size_t es, const void *src, size_t n, uint8_t *bitmap,
-                               void *out, uint64_t thr, int use_thr) {
-    const unsigned char *s = (const unsigned char *)src;
-    unsigned char *o = (unsigned char *)out;
-    const lane_consts k = make_consts(es, thr);
-    size_t count = 0, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        unsigned m = encode8(es, s + i * es, o + count * es, &k, use_thr);
-        bitmap[i / 8] = (uint8_t)m;
-        count += pc(m);
-    }
-    if (i < n) {
-        /* Zero lanes fail both tests (thr >= 1 when used), so the padding bits come out 0. */
-        unsigned char tail[64] = {0};
-        memcpy(tail, s + i * es, (n - i) * es);
-        unsigned m = encode8(es, tail, o + count * es, &k, use_thr);
-        bitmap[i / 8] = (uint8_t)m;
-        count += pc(m);
-    }
-    return count;
-}
+#define STEP8_ENCODE encode8
+#define POP8 pc
+AC_DEFINE_ENCODE_LOOP(AVX2_INLINE)
 
 AVX2_FN size_t popcount_avx2(const uint8_t *p, size_t nbytes) {
     /* Four independent sums so the popcnt latencies overlap. */
@@ -160,7 +142,6 @@ AVX2_FN size_t popcount_avx2(const uint8_t *p, size_t nbytes) {
 }
 
 #define STEP8_DECODE decode8
-#define POP8 pc
 AC_DEFINE_DECODE_LOOP(AVX2_INLINE)
 
 AC_DEFINE_BITMAP_ENTRY_POINTS(AVX2_FN, 16, 2)
@@ -168,13 +149,7 @@ AC_DEFINE_BITMAP_ENTRY_POINTS(AVX2_FN, 32, 4)
 AC_DEFINE_BITMAP_ENTRY_POINTS(AVX2_FN, 64, 8)
 
 int ac_kernels_avx2(ac_kernels *k) {
-    k->bm_encode[1] = bm_encode_16;
-    k->bm_encode[2] = bm_encode_32;
-    k->bm_encode[3] = bm_encode_64;
-    k->bm_decode[1] = bm_decode_16;
-    k->bm_decode[2] = bm_decode_32;
-    k->bm_decode[3] = bm_decode_64;
-    k->popcount = popcount_avx2;
+    AC_FILL_BITMAP_TABLE(k, popcount_avx2);
     return 1;
 }
 

@@ -1,13 +1,39 @@
 /* The block loops every SIMD bitmap path shares; each ISA file supplies only its 8-element
- * step. Include after defining, in the ISA file:
+ * steps. Define, in the ISA file:
+ *   lane_consts, make_consts(es, thr)   the ISA's compare constants
+ *   STEP8_ENCODE(es, s, out, &k, use_thr)  left-pack the kept of 8 elements at s to out (may
+ *                                       write up to AC_BITMAP_SLACK past them); return the byte
  *   STEP8_DECODE(es, m, v, dst)  expand 8 elements with bitmap byte m; may read 8 values at v
  *   POP8(m)                      number of set bits of a byte
- *   encode_loop(...)             the ISA's encode loop
- * then instantiate with AC_DEFINE_BITMAP_ENTRY_POINTS(QUALIFIERS, BITS, ES). */
+ * then instantiate the loops and AC_DEFINE_BITMAP_ENTRY_POINTS(QUALIFIERS, BITS, ES). */
 #ifndef ACTCODEC_BITMAP_LOOPS_H
 #define ACTCODEC_BITMAP_LOOPS_H
 
 #include <string.h>
+
+/* Encodes n elements a bitmap byte at a time; the tail goes through a zero-padded copy (zero
+ * lanes fail both tests, thr >= 1 when used, so its padding bits come out 0). */
+#define AC_DEFINE_ENCODE_LOOP(QUALIFIERS)                                                   \
+    QUALIFIERS size_t encode_loop(size_t es, const void *src, size_t n, uint8_t *bitmap,    \
+                                  void *out, uint64_t thr, int use_thr) {                   \
+        const unsigned char *s = (const unsigned char *)src;                                \
+        unsigned char *o = (unsigned char *)out;                                            \
+        const lane_consts k = make_consts(es, thr);                                         \
+        size_t count = 0, i = 0;                                                            \
+        for (; i + 8 <= n; i += 8) {                                                        \
+            unsigned m = STEP8_ENCODE(es, s + i * es, o + count * es, &k, use_thr);         \
+            bitmap[i / 8] = (uint8_t)m;                                                     \
+            count += POP8(m);                                                               \
+        }                                                                                   \
+        if (i < n) {                                                                        \
+            unsigned char tail[64] = {0};                                                   \
+            memcpy(tail, s + i * es, (n - i) * es);                                         \
+            unsigned m = STEP8_ENCODE(es, tail, o + count * es, &k, use_thr);               \
+            bitmap[i / 8] = (uint8_t)m;                                                     \
+            count += POP8(m);                                                               \
+        }                                                                                   \
+        return count;                                                                       \
+    }
 
 /* Decodes n elements from the `total` values at vals. Full 8-value loads straight from vals
  * while at least 8 values remain; then from a zero-padded copy of the (fewer than 8) rest,
@@ -49,5 +75,17 @@
                                      size_t nvals, void *dst) {                             \
         decode_loop(ES, bitmap, n, vals, nvals, dst);                                       \
     }
+
+/* Every bitmap table entry of one ISA file. */
+#define AC_FILL_BITMAP_TABLE(k, POPCOUNT)                                                   \
+    do {                                                                                    \
+        (k)->bm_encode[1] = bm_encode_16;                                                   \
+        (k)->bm_encode[2] = bm_encode_32;                                                   \
+        (k)->bm_encode[3] = bm_encode_64;                                                   \
+        (k)->bm_decode[1] = bm_decode_16;                                                   \
+        (k)->bm_decode[2] = bm_decode_32;                                                   \
+        (k)->bm_decode[3] = bm_decode_64;                                                   \
+        (k)->popcount = POPCOUNT;                                                           \
+    } while (0)
 
 #endif

@@ -1,6 +1,7 @@
 /* Portable scalar bitmap kernels: the reference every SIMD path must match byte for byte. */
 #include <string.h>
 #include "kernels.h"
+#include "bitmap_loops.h"
 
 /* Branch-free compaction: always store, advance only for nonzero. Loads and stores go
  * through memcpy because payload buffers parsed from bytes need not be aligned. */
@@ -77,12 +78,6 @@ static size_t popcount_scalar(const uint8_t *p, size_t nbytes) {
 }
 
 int ac_kernels_scalar(ac_kernels *k) {
-    k->bm_encode[1] = bm_encode_16;
-    k->bm_encode[2] = bm_encode_32;
-    k->bm_encode[3] = bm_encode_64;
-    k->bm_decode[1] = bm_decode_16;
-    k->bm_decode[2] = bm_decode_32;
-    k->bm_decode[3] = bm_decode_64;
-    k->popcount = popcount_scalar;
+    AC_FILL_BITMAP_TABLE(k, popcount_scalar);
     return 1;
 }

@@ -91,31 +91,18 @@ static inline void expand8(size_t es, unsigned m, const unsigned char *v, unsign
     }
 }
 
-static inline __attribute__((always_inline)) size_t encode_loop(size_t es, const void *src,
-                                                                 size_t n, uint8_t *bitmap,
-                                                                 void *out, uint64_t thr,
-                                                                 int use_thr) {
-    const unsigned char *s = (const unsigned char *)src;
-    unsigned char *o = (unsigned char *)out;
-    const lane_consts k = make_consts(es, thr);
-    size_t count = 0, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        unsigned m = keep8(es, s + i * es, &k, use_thr);
-        compact8(es, s + i * es, o + count * es, m);
-        bitmap[i / 8] = (uint8_t)m;
-        count += ac_pop8(m);
-    }
-    if (i < n) {
-        /* Zero lanes fail both tests (thr >= 1 when used), so the padding bits come out 0. */
-        unsigned char tail[64] = {0};
-        memcpy(tail, s + i * es, (n - i) * es);
-        unsigned m = keep8(es, tail, &k, use_thr);
-        compact8(es, tail, o + count * es, m);
-        bitmap[i / 8] = (uint8_t)m;
-        count += ac_pop8(m);
-    }
-    return count;
+/* One bitmap byte: the kept-lane mask, then the branch-free compaction. */
+static inline __attribute__((always_inline)) unsigned encode8(size_t es, const unsigned char *s,
+                                                              unsigned char *out,
+                                                              const lane_consts *k, int use_thr) {
+    unsigned m = keep8(es, s, k, use_thr);
+    compact8(es, s, out, m);
+    return m;
 }
+
+#define STEP8_ENCODE encode8
+#define POP8 ac_pop8
+AC_DEFINE_ENCODE_LOOP(static inline __attribute__((always_inline)))
 
 /* Bit-sliced popcount: per-byte counts by SWAR steps, summed by psadbw against zero. */
 static inline __m128i byte_counts(__m128i x) {
@@ -141,7 +128,6 @@ static size_t popcount_sse2(const uint8_t *p, size_t nbytes) {
 }
 
 #define STEP8_DECODE expand8
-#define POP8 ac_pop8
 AC_DEFINE_DECODE_LOOP(static inline __attribute__((always_inline)))
 
 AC_DEFINE_BITMAP_ENTRY_POINTS(static, 16, 2)
@@ -149,13 +135,7 @@ AC_DEFINE_BITMAP_ENTRY_POINTS(static, 32, 4)
 AC_DEFINE_BITMAP_ENTRY_POINTS(static, 64, 8)
 
 int ac_kernels_sse2(ac_kernels *k) {
-    k->bm_encode[1] = bm_encode_16;
-    k->bm_encode[2] = bm_encode_32;
-    k->bm_encode[3] = bm_encode_64;
-    k->bm_decode[1] = bm_decode_16;
-    k->bm_decode[2] = bm_decode_32;
-    k->bm_decode[3] = bm_decode_64;
-    k->popcount = popcount_sse2;
+    AC_FILL_BITMAP_TABLE(k, popcount_sse2);
     return 1;
 }
 
