@@ -37,7 +37,10 @@ def _compiler_accepts(compiler, flag):
 class BuildExt(build_ext):
     def build_extensions(self):
         is_msvc = self.compiler.compiler_type == "msvc"
-        base = ["/O2"] if is_msvc else ["-O3", "-std=c11", "-fno-strict-aliasing"]
+        # No fused multiply-add contraction: every path must round exactly like the reference
+        # (GCC in ISO C mode does not fuse; clang would, by default).
+        base = ["/O2", "/fp:precise"] if is_msvc else [
+            "-O3", "-std=c11", "-fno-strict-aliasing", "-ffp-contract=off"]
         omp = [] if os.environ.get("ACTCODEC_NO_OPENMP") else (
             ["/openmp"] if is_msvc else ["-fopenmp"])
         if omp and not _compiler_accepts(self.compiler, omp[0]):

@@ -34,6 +34,7 @@ cdef extern from "actcodec.h" nogil:
                         float *scales, size_t *bad_index)
     int ac_quant_decode(const uint8_t *packed, const float *mins, const float *scales,
                         size_t n, int bits, size_t group, int out_dtype, void *dst)
+    int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t *bad_index)
     int ac_get_bittrick()
     void ac_set_bittrick(int on)
     float ac_uniform(uint64_t seed, uint64_t index)

@@ -69,12 +69,30 @@ def quant_decode(const uint8_t[::1] packed, const float[::1] mins, const float[:
     _check(status, "quant decode")
 
 
+def minmax(const uint8_t[::1] src, int dtype_id, int esize):
+    """(min, max) as float32 values over the configured threads; NonFiniteError on NaN/inf."""
+    if src.shape[0] == 0 or src.shape[0] % esize:
+        raise ValueError("minmax needs a non-empty buffer of whole elements")
+    cdef size_t n = src.shape[0] // esize
+    cdef float mn = 0, mx = 0
+    cdef size_t bad = SIZE_MAX
+    cdef const uint8_t *s = _cptr(src)
+    cdef int status
+    with nogil:
+        status = ac_minmax(s, n, dtype_id, &mn, &mx, &bad)
+    if status == AC_ENONFINITE:
+        raise NonFiniteError(bad)
+    _check(status, "minmax")
+    return mn, mx
+
+
 def get_bittrick():
     return ac_get_bittrick() != 0
 
 
-def set_bittrick(bint on):
-    ac_set_bittrick(on)
+def set_bittrick(on):
+    """True: DAF's bit trick; False: casts; None: the measured default of the active path."""
+    ac_set_bittrick(-1 if on is None else (1 if on else 0))
 
 
 def uniform(uint64_t seed, uint64_t index):

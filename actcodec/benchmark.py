@@ -169,15 +169,13 @@ def quant_report(mib: int = 64, bits_list=(1, 2, 4, 8), rounds: int = 9) -> list
     rng = np.random.default_rng(0)
     x = rng.standard_normal((mib << 20) // 4, dtype=np.float32)
     xt = torch.from_numpy(x) if torch is not None else None
-    trick = ext.get_bittrick()
-
     def with_conversion(on, fn):
         def run():
             ext.set_bittrick(on)
             try:
                 return fn()
             finally:
-                ext.set_bittrick(trick)
+                ext.set_bittrick(None)
         return run
 
     rows = []

@@ -96,8 +96,12 @@ int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group
                     size_t *bad_index);
 int ac_quant_decode(const uint8_t *packed, const float *mins, const float *scales, size_t n,
                     int bits, size_t group, int out_dtype, void *dst);
+/* Min and max (as float32) of n >= 1 elements over the configured threads: the pass the
+ * per-tensor mode runs. AC_ENONFINITE with *bad_index at the first NaN/inf. */
+int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t *bad_index);
 /* Code <-> float conversion: 1 = DAF's bit trick (OR into the mantissa of 2^23), 0 = casts.
- * Both give identical results; this picks the faster for the CPU (benchmarked). */
+ * Both give identical results. By default the faster on the active path (measured: casts on
+ * SSE2/AVX2, the trick on scalar); set 0 or 1 to force, -1 to return to the default. */
 int ac_get_bittrick(void);
 void ac_set_bittrick(int on);
 /* The stochastic-rounding uniform draw in [0, 1) (24 bits), for references and other backends. */

@@ -18,10 +18,16 @@
 #define TILE 4096u
 #define NONE SIZE_MAX
 
-static _Atomic int use_bittrick = 1;
+/* -1: the measured default of the active path (tests/bench: casts are faster on SSE2 and
+ * AVX2, where they are single instructions; the bit trick on scalar, where rint is a libm
+ * call). 0 or 1: forced. */
+static _Atomic int bittrick_mode = -1;
 
-int ac_get_bittrick(void) { return atomic_load(&use_bittrick); }
-void ac_set_bittrick(int on) { atomic_store(&use_bittrick, on != 0); }
+int ac_get_bittrick(void) {
+    int mode = atomic_load(&bittrick_mode);
+    return mode >= 0 ? mode : ac_active_isa() == AC_ISA_SCALAR;
+}
+void ac_set_bittrick(int on) { atomic_store(&bittrick_mode, on < 0 ? -1 : on != 0); }
 
 float ac_uniform(uint64_t seed, uint64_t index) {
     uint32_t key = ac_round_key(seed, (uint32_t)(index >> 32));
@@ -116,6 +122,8 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
     for (size_t ts = a; ts < b; ts += TILE) {
         size_t te = b - ts < TILE ? b : ts + TILE;
         const float *x = as_f32(j, ts, te, fbuf);
+        /* At 8 bits the unified layout is the identity: codes go straight to their bytes. */
+        uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes;
         for (size_t s = ts; s < te;) {
             size_t g = s / G, gs = g * G, ge = j->n - gs < G ? j->n : gs + G;
             size_t e = ge < te ? ge : te;
@@ -138,12 +146,13 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
             uint32_t key = ac_round_key(j->seed, (uint32_t)((uint64_t)s >> 32));
             if (isinf(inv))
                 quantize_divide(x + (s - ts), e - s, mn, scale, levels, j->rounding, key,
-                                (uint32_t)s, codes + (s - ts));
+                                (uint32_t)s, cbuf + (s - ts));
             else
                 k->quantize[j->trick][j->rounding](x + (s - ts), e - s, mn, inv, levels, key,
-                                                   (uint32_t)s, codes + (s - ts));
+                                                   (uint32_t)s, cbuf + (s - ts));
             s = e;
         }
+        if (j->bits == 8) continue;
         size_t nt = te - ts, full = nt / per, rem = nt % per;
         uint8_t *out = j->packed + ts / per * AC_QBLOCK_BYTES;
         k->pack[bits_index(j->bits)](codes, full, out);
@@ -168,8 +177,9 @@ static void decode_range(const job *j, size_t a, size_t b, int out_dtype) {
         size_t te = b - ts < TILE ? b : ts + TILE;
         size_t nt = te - ts, full = nt / per, rem = nt % per;
         const uint8_t *in = j->packed + ts / per * AC_QBLOCK_BYTES;
-        k->unpack[bits_index(j->bits)](in, full, codes);
-        if (rem) {
+        const uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes; /* identity layout */
+        if (j->bits != 8) k->unpack[bits_index(j->bits)](in, full, codes);
+        if (rem && j->bits != 8) {
             uint8_t p[AC_QBLOCK_BYTES] = {0}, c[256];
             memcpy(p, in + full * AC_QBLOCK_BYTES, rem < AC_QBLOCK_BYTES ? rem : AC_QBLOCK_BYTES);
             k->unpack[bits_index(j->bits)](p, 1, c);
@@ -179,7 +189,7 @@ static void decode_range(const job *j, size_t a, size_t b, int out_dtype) {
         for (size_t s = ts; s < te;) {
             size_t g = s / G, ge = j->n - g * G < G ? j->n : g * G + G;
             size_t e = ge < te ? ge : te;
-            k->dequantize[j->trick](codes + (s - ts), e - s, j->mins[g], j->scales[g], y + (s - ts));
+            k->dequantize[j->trick](cbuf + (s - ts), e - s, j->mins[g], j->scales[g], y + (s - ts));
             s = e;
         }
         if (out_dtype != AC_F32) k->from_f32[out_dtype](fbuf, nt, dst + ts * oes);
@@ -199,6 +209,43 @@ static int check_args(size_t n, int dtype, int bits, size_t group) {
     return AC_OK;
 }
 
+/* Min and max of all j->n elements over `threads` threads (the per-tensor pass). */
+static int minmax_parallel(const job *j, int threads, float *mn, float *mx, size_t *bad_index) {
+    float lo[64], hi[64];
+    size_t badt[64], bad = NONE, n = j->n;
+    if (threads > 64) threads = 64;
+    size_t span = range_size(n, threads);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
+#endif
+    for (int t = 0; t < threads; t++) {
+        float buf[TILE];
+        size_t a = (size_t)t * span, b = a + span < n ? a + span : n;
+        badt[t] = a < b ? range_minmax(j, a, b, buf, &lo[t], &hi[t]) : NONE;
+        if (a >= b) lo[t] = hi[t] = NAN; /* empty range: skipped below */
+    }
+    for (int t = 0; t < threads; t++) {
+        if (badt[t] < bad) bad = badt[t];
+        if (isnan(lo[t])) continue;
+        if (t == 0 || lo[t] < *mn) *mn = lo[t];
+        if (t == 0 || hi[t] > *mx) *mx = hi[t];
+    }
+    if (bad != NONE) { *bad_index = bad; return AC_ENONFINITE; }
+    return AC_OK;
+}
+
+int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t *bad_index) {
+    if (dtype_size(dtype) == 0 || n > SIZE_MAX / 16 || mn == NULL || mx == NULL ||
+        bad_index == NULL || (n > 0 && src == NULL))
+        return AC_EINVAL;
+    *bad_index = NONE;
+    if (n == 0) return AC_EINVAL;
+    job j = {ac_active_kernels(), src, n, dtype_size(dtype), n, dtype, 8, 0, 0, 0, NULL, NULL,
+             NULL, 0, 0, 0};
+    size_t ntiles = n / TILE + (n % TILE != 0);
+    return minmax_parallel(&j, ac_threads_for(n * j.es, ntiles), mn, mx, bad_index);
+}
+
 int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group, int rounding,
                     uint64_t seed, uint8_t *packed, float *mins, float *scales,
                     size_t *bad_index) {
@@ -214,26 +261,8 @@ int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group
     int threads = ac_threads_for(n * j.es, ntiles);
     size_t span = range_size(n, threads), bad = NONE;
     if (j.group == n) { /* per tensor: one min/max pass over all threads, then quantize */
-        float lo[64], hi[64];
-        size_t badt[64];
-        if (threads > 64) threads = 64;
-        span = range_size(n, threads);
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
-#endif
-        for (int t = 0; t < threads; t++) {
-            float buf[TILE];
-            size_t a = (size_t)t * span, b = a + span < n ? a + span : n;
-            badt[t] = a < b ? range_minmax(&j, a, b, buf, &lo[t], &hi[t]) : NONE;
-            if (a >= b) lo[t] = hi[t] = NAN; /* empty range: skipped below */
-        }
-        for (int t = 0; t < threads; t++) {
-            if (badt[t] < bad) bad = badt[t];
-            if (isnan(lo[t])) continue;
-            if (t == 0 || lo[t] < j.fixed_mn) j.fixed_mn = lo[t];
-            if (t == 0 || hi[t] > j.fixed_mx) j.fixed_mx = hi[t];
-        }
-        if (bad != NONE) { *bad_index = bad; return AC_ENONFINITE; }
+        int status = minmax_parallel(&j, threads, &j.fixed_mn, &j.fixed_mx, bad_index);
+        if (status != AC_OK) return status;
         j.fixed = 1;
     }
     size_t nranges = (n + span - 1) / span;

@@ -13,12 +13,17 @@
 #define AC_MAGIC_BITS 0x4B000000u
 #define AC_U24_SCALE (1.0f / 16777216.0f) /* 2^-24: 24 random bits -> [0, 1) exactly */
 
+/* The hash constants, named for the vector forms in the SIMD kernels. */
+#define AC_HASH_GOLDEN 0x9E3779B1u
+#define AC_HASH_MUL1 0x7FEB352Du
+#define AC_HASH_MUL2 0x846CA68Bu
+
 /* A bijective 32-bit mixer (xorshift-multiply rounds); vectorizes with 32-bit multiplies. */
 static inline uint32_t ac_mix32(uint32_t x) {
     x ^= x >> 16;
-    x *= 0x7FEB352Du;
+    x *= AC_HASH_MUL1;
     x ^= x >> 15;
-    x *= 0x846CA68Bu;
+    x *= AC_HASH_MUL2;
     x ^= x >> 16;
     return x;
 }
@@ -31,7 +36,7 @@ static inline uint32_t ac_round_key(uint64_t seed, uint32_t index_hi) {
 
 /* 24 uniform bits for the element whose index has low half index_lo. */
 static inline uint32_t ac_uniform_bits(uint32_t key, uint32_t index_lo) {
-    return ac_mix32((index_lo * 0x9E3779B1u) ^ key) >> 8;
+    return ac_mix32((index_lo * AC_HASH_GOLDEN) ^ key) >> 8;
 }
 
 static inline float ac_bits_to_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }

@@ -14,10 +14,9 @@ BITS = [1, 2, 4, 8]
 
 @pytest.fixture(params=[True, False], ids=["bittrick", "cast"])
 def conversion(request):
-    old = actcodec.get_bittrick()
     actcodec.set_bittrick(request.param)
     yield request.param
-    actcodec.set_bittrick(old)
+    actcodec.set_bittrick(None)
 
 
 @st.composite
@@ -253,8 +252,21 @@ def test_all_paths_identical_bytes():
                             x, 4, rounding=rounding, seed=9).to_bytes()))
     finally:
         actcodec.set_simd(old)
-        actcodec.set_bittrick(True)
+        actcodec.set_bittrick(None)
     assert len(seen) == 2
+
+
+def test_conversion_default_follows_the_path():
+    old = actcodec.get_simd()
+    try:
+        for path in actcodec.simd_info()["available"]:
+            actcodec.set_simd(path)
+            assert actcodec.get_bittrick() == (path == "scalar")
+        actcodec.set_bittrick(True)
+        assert actcodec.get_bittrick()
+    finally:
+        actcodec.set_simd(old)
+        actcodec.set_bittrick(None)
 
 
 # ---- the combined codec and the automatic choice ----
@@ -307,3 +319,15 @@ def test_encode_named_codecs_and_errors():
         actcodec.encode(x, "quant")
     with pytest.raises(ValueError, match="unknown codec"):
         actcodec.encode(x, "zstd")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_c_minmax_matches_numpy(path_threads, dtype):
+    x = (np.random.default_rng(8).standard_normal(300_001) * 100).astype(dtype)
+    mn, mx = actcodec._ext.minmax(x.view(np.uint8), {"float16": 1, "float32": 3, "float64": 4}[dtype],
+                                  x.itemsize)
+    assert mn == np.float32(x.min()) and mx == np.float32(x.max())
+    x[123_456] = np.nan
+    with pytest.raises(actcodec.NonFiniteError, match="element 123456 "):
+        actcodec._ext.minmax(x.view(np.uint8), 3 if dtype == "float32" else
+                             {"float16": 1, "float64": 4}[dtype], x.itemsize)
