@@ -82,6 +82,12 @@ def cmd_bench(args) -> int:
         parts.append(benchmark.format_quant_report(rows, args.mib, threads, path,
                                                    actcodec.get_bittrick()))
         print(parts[-1] + "\n", flush=True)
+    if "reduce" in args.codecs:
+        from . import reduce  # imports numba: only when asked for
+
+        parts.append(reduce.format_reduce_report(
+            reduce.reduce_report(args.mib, rounds=args.rounds, threads=threads)))
+        print(parts[-1] + "\n", flush=True)
     text = "\n\n".join(parts)
     if args.out:
         with open(args.out, "w") as f:
@@ -97,8 +103,9 @@ def main(argv=None) -> int:
     bench.add_argument("--mib", type=int, default=64, help="array size in MiB (default 64)")
     bench.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
     bench.add_argument("--threads", type=int, default=0, help="threads (default: all cores)")
-    bench.add_argument("--codecs", nargs="+", default=["bitmap", "quant"],
-                       choices=["bitmap", "quant"], help="which reports (default: all)")
+    bench.add_argument("--codecs", nargs="+", default=["bitmap", "quant", "reduce"],
+                       choices=["bitmap", "quant", "reduce"],
+                       help="which reports (default: all; reduce needs numba)")
     bench.add_argument("--out", help="also write the markdown tables to this file")
     args = parser.parse_args(argv)
     return {"info": cmd_info, "bench": cmd_bench}[args.command](args)
