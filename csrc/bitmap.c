@@ -69,7 +69,8 @@ static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *s
             }
             size_t c = k->bm_encode[idx](in, len, bitmap + start / 8, mine, thr);
             unsigned spins = 0;
-            while ((off = atomic_load_explicit(&ends[b - 1], memory_order_acquire)) == NOT_READY)
+            while (b > 0 &&
+                   (off = atomic_load_explicit(&ends[b - 1], memory_order_acquire)) == NOT_READY)
                 if (++spins % 256 == 0) ac_yield();
             atomic_store_explicit(&ends[b], off + c, memory_order_release);
             memcpy(values + off * esize, mine, c * esize);
