@@ -60,6 +60,41 @@ static inline int ac_esize_index(int esize) {
     return esize == 2 ? 1 : esize == 4 ? 2 : esize == 8 ? 3 : -1;
 }
 
+/* The quantization entries every ISA file fills under the same kernel names: minmax by
+ * argument, quantize_{trick,cast}_{nearest,stochastic}, dequantize_{trick,cast},
+ * pack_/unpack_{1,2,4} and the 8-bit pair by argument. */
+#define AC_FILL_QUANT_TABLE(k, MINMAX, PACK8, UNPACK8)                                      \
+    do {                                                                                    \
+        (k)->minmax = MINMAX;                                                               \
+        (k)->quantize[1][AC_ROUND_NEAREST] = quantize_trick_nearest;                        \
+        (k)->quantize[1][AC_ROUND_STOCHASTIC] = quantize_trick_stochastic;                  \
+        (k)->quantize[0][AC_ROUND_NEAREST] = quantize_cast_nearest;                         \
+        (k)->quantize[0][AC_ROUND_STOCHASTIC] = quantize_cast_stochastic;                   \
+        (k)->dequantize[1] = dequantize_trick;                                              \
+        (k)->dequantize[0] = dequantize_cast;                                               \
+        (k)->pack[0] = pack_1;                                                              \
+        (k)->pack[1] = pack_2;                                                              \
+        (k)->pack[2] = pack_4;                                                              \
+        (k)->pack[3] = PACK8;                                                               \
+        (k)->unpack[0] = unpack_1;                                                          \
+        (k)->unpack[1] = unpack_2;                                                          \
+        (k)->unpack[2] = unpack_4;                                                          \
+        (k)->unpack[3] = UNPACK8;                                                           \
+    } while (0)
+/* The dtype conversions, named {f16,bf16,f64}_to_f32_n and f32_to_{f16,bf16,f64}_n. */
+#define AC_FILL_F16_CONVERSIONS(k)                                                          \
+    do {                                                                                    \
+        (k)->to_f32[AC_F16] = f16_to_f32_n;                                                 \
+        (k)->from_f32[AC_F16] = f32_to_f16_n;                                               \
+    } while (0)
+#define AC_FILL_BF16_F64_CONVERSIONS(k)                                                     \
+    do {                                                                                    \
+        (k)->to_f32[AC_BF16] = bf16_to_f32_n;                                               \
+        (k)->to_f32[AC_F64] = f64_to_f32_n;                                                 \
+        (k)->from_f32[AC_BF16] = f32_to_bf16_n;                                             \
+        (k)->from_f32[AC_F64] = f32_to_f64_n;                                               \
+    } while (0)
+
 /* Fills the quantization entries with the scalar kernels; each ISA then overrides what it
  * accelerates, so a table is never left with a hole. */
 void ac_quant_kernels_scalar(ac_kernels *k);

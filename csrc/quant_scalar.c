@@ -144,25 +144,7 @@ static void f32_to_f64_n(const float *src, size_t n, void *dst) {
 }
 
 void ac_quant_kernels_scalar(ac_kernels *k) {
-    k->minmax = minmax_scalar;
-    k->quantize[1][AC_ROUND_NEAREST] = quantize_trick_nearest;
-    k->quantize[1][AC_ROUND_STOCHASTIC] = quantize_trick_stochastic;
-    k->quantize[0][AC_ROUND_NEAREST] = quantize_cast_nearest;
-    k->quantize[0][AC_ROUND_STOCHASTIC] = quantize_cast_stochastic;
-    k->dequantize[1] = dequantize_trick;
-    k->dequantize[0] = dequantize_cast;
-    k->pack[0] = pack_1;
-    k->pack[1] = pack_2;
-    k->pack[2] = pack_4;
-    k->pack[3] = pack_8;
-    k->unpack[0] = unpack_1;
-    k->unpack[1] = unpack_2;
-    k->unpack[2] = unpack_4;
-    k->unpack[3] = unpack_8;
-    k->to_f32[AC_F16] = f16_to_f32_n;
-    k->to_f32[AC_BF16] = bf16_to_f32_n;
-    k->to_f32[AC_F64] = f64_to_f32_n;
-    k->from_f32[AC_F16] = f32_to_f16_n;
-    k->from_f32[AC_BF16] = f32_to_bf16_n;
-    k->from_f32[AC_F64] = f32_to_f64_n;
+    AC_FILL_QUANT_TABLE(k, minmax_scalar, pack_8, unpack_8);
+    AC_FILL_F16_CONVERSIONS(k);
+    AC_FILL_BF16_F64_CONVERSIONS(k);
 }

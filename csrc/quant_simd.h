@@ -49,4 +49,14 @@ static void ac_unpack8_copy(const uint8_t *in, size_t nblocks, uint8_t *codes) {
     if (nblocks) memcpy(codes, in, nblocks * 32);
 }
 
+/* Whole-array dtype conversions from an 8-element step HELPER(src bytes, dst bytes). */
+#define AC_DEFINE_TO_F32(QUALIFIERS, NAME, HELPER, SES)                                     \
+    QUALIFIERS void NAME(const void *src, size_t n, float *dst) {                           \
+        AC_ELEMENTWISE(8, n, src, SES, dst, 4, HELPER);                                     \
+    }
+#define AC_DEFINE_FROM_F32(QUALIFIERS, NAME, HELPER, DES)                                   \
+    QUALIFIERS void NAME(const float *src, size_t n, void *dst) {                           \
+        AC_ELEMENTWISE(8, n, src, 4, dst, DES, HELPER);                                     \
+    }
+
 #endif

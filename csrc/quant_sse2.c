@@ -300,39 +300,14 @@ static inline void f32_to_f64_8(const float *s, unsigned char *d) {
 #define F32_TO_BF16(i, s, d) f32_to_bf16_8((const float *)(s), (d))
 #define F32_TO_F64(i, s, d) f32_to_f64_8((const float *)(s), (d))
 
-static void bf16_to_f32_n(const void *src, size_t n, float *dst) {
-    AC_ELEMENTWISE(8, n, src, 2, dst, 4, BF16_TO_F32);
-}
-static void f64_to_f32_n(const void *src, size_t n, float *dst) {
-    AC_ELEMENTWISE(8, n, src, 8, dst, 4, F64_TO_F32);
-}
-static void f32_to_bf16_n(const float *src, size_t n, void *dst) {
-    AC_ELEMENTWISE(8, n, src, 4, dst, 2, F32_TO_BF16);
-}
-static void f32_to_f64_n(const float *src, size_t n, void *dst) {
-    AC_ELEMENTWISE(8, n, src, 4, dst, 8, F32_TO_F64);
-}
+AC_DEFINE_TO_F32(static, bf16_to_f32_n, BF16_TO_F32, 2)
+AC_DEFINE_TO_F32(static, f64_to_f32_n, F64_TO_F32, 8)
+AC_DEFINE_FROM_F32(static, f32_to_bf16_n, F32_TO_BF16, 2)
+AC_DEFINE_FROM_F32(static, f32_to_f64_n, F32_TO_F64, 8)
 
 int ac_quant_kernels_sse2(ac_kernels *k) {
-    k->minmax = minmax_sse2;
-    k->quantize[1][AC_ROUND_NEAREST] = quantize_trick_nearest;
-    k->quantize[1][AC_ROUND_STOCHASTIC] = quantize_trick_stochastic;
-    k->quantize[0][AC_ROUND_NEAREST] = quantize_cast_nearest;
-    k->quantize[0][AC_ROUND_STOCHASTIC] = quantize_cast_stochastic;
-    k->dequantize[1] = dequantize_trick;
-    k->dequantize[0] = dequantize_cast;
-    k->pack[0] = pack_1;
-    k->pack[1] = pack_2;
-    k->pack[2] = pack_4;
-    k->pack[3] = ac_pack8_copy;
-    k->unpack[0] = unpack_1;
-    k->unpack[1] = unpack_2;
-    k->unpack[2] = unpack_4;
-    k->unpack[3] = ac_unpack8_copy;
-    k->to_f32[AC_BF16] = bf16_to_f32_n;
-    k->to_f32[AC_F64] = f64_to_f32_n;
-    k->from_f32[AC_BF16] = f32_to_bf16_n;
-    k->from_f32[AC_F64] = f32_to_f64_n;
+    AC_FILL_QUANT_TABLE(k, minmax_sse2, ac_pack8_copy, ac_unpack8_copy);
+    AC_FILL_BF16_F64_CONVERSIONS(k);
     return 1;
 }
 
