@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _dtypes, _ext, bitmap, bitmap_quant, quant, raw
+from . import _dtypes, bitmap, bitmap_quant, quant, raw
 
 
 def sizes(x, bits: int | None, group_size: int | None = 256, dtype: str | None = None) -> dict:
@@ -22,11 +22,8 @@ def sizes(x, bits: int | None, group_size: int | None = 256, dtype: str | None =
     out = {"raw": n * esize, "bitmap": (n + 7) // 8 + nnz * esize}
     if bits is not None:
         quant.check_params(bits, group_size, "nearest", "raise", 0)
-        g = group_size or 0
-
         def q(count):
-            return (_ext.quant_packed_nbytes(count, bits) + 8 * _ext.quant_ngroups(count, g)
-                    if count else 0)
+            return quant.packed_nbytes(count, bits) + 8 * quant.ngroups(count, group_size)
         out["quant"] = q(n)
         out["bitmap_quant"] = (n + 7) // 8 + q(nnz)
     return out

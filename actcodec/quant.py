@@ -77,6 +77,20 @@ def params_from_tuple(values: tuple) -> dict:
         raise ValueError(f"bad quantization parameters: {exc}") from None
 
 
+def packed_nbytes(count: int, bits: int) -> int:
+    """Bytes of `count` packed codes (ac_quant_packed_nbytes, in Python integers so that a
+    corrupted, absurd count from untrusted bytes cannot overflow)."""
+    per = 256 // bits
+    return count // per * 32 + min(count % per, 32)
+
+
+def ngroups(count: int, group: int | None) -> int:
+    """Groups of `group` elements in `count` (None: one group); ac_quant_ngroups in Python."""
+    if count == 0:
+        return 0
+    return 1 if not group or group >= count else -(-count // group)
+
+
 def _nonfinite_mask(bits: np.ndarray, name: str) -> np.ndarray:
     """Elements that are NaN/inf (exponent all ones), or float64 beyond the float32 range."""
     exp = _EXPONENT[bits.itemsize]
@@ -139,11 +153,11 @@ def validate_flat(buffers, count: int, name: str, p: dict) -> None:
     if len(buffers) not in (3, 5):
         raise ValueError(f"quantized data needs 3 or 5 buffers, has {len(buffers)}")
     packed, mins, scales = buffers[:3]
-    want = _ext.quant_packed_nbytes(count, p["bits"]) if count else 0
+    want = packed_nbytes(count, p["bits"])
     if packed.nbytes != want:
         raise ValueError(f"packed codes have {packed.nbytes} bytes, {want} expected for "
                          f"{count} {p['bits']}-bit codes")
-    ng = _ext.quant_ngroups(count, p["group_size"] or 0) if count else 0
+    ng = ngroups(count, p["group_size"])
     if mins.nbytes != 4 * ng or scales.nbytes != 4 * ng:
         raise ValueError(f"{ng} groups need {4 * ng} bytes of mins and of scales, got "
                          f"{mins.nbytes} and {scales.nbytes}")

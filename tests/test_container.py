@@ -151,6 +151,26 @@ def test_absurd_header_counts():
             actcodec.from_bytes(bytes(bad))
 
 
+def test_absurd_shape_in_quantized_encodings():
+    """Found by the fuzzer: a shape beyond size_t must be a ValueError, not an OverflowError."""
+    for data in SAMPLES:
+        bad = bytearray(data)
+        if bad[7] == 0:
+            continue
+        struct.pack_into("<Q", bad, 16, 2**63 + 12345)
+        with pytest.raises(ValueError):
+            actcodec.from_bytes(resign(bad))
+
+
+def test_python_size_formulas_match_c():
+    from actcodec import quant
+    for count in [0, 1, 31, 32, 33, 255, 256, 257, 1000, 65536, 10**6 + 7]:
+        for bits in (1, 2, 4, 8):
+            assert quant.packed_nbytes(count, bits) == _ext.quant_packed_nbytes(count, bits)
+        for group in (None, 32, 33, 256, 65536):
+            assert quant.ngroups(count, group) == _ext.quant_ngroups(count, group or 0)
+
+
 def test_bitmap_inconsistent_with_values():
     hlen = len(BITMAP) - sum(b.nbytes for b in actcodec.from_bytes(BITMAP).buffers)
     bad = bytearray(BITMAP)
