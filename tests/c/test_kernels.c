@@ -11,55 +11,14 @@
  *
  * Prints "N passed, M failed" (test cases) last; exits 1 on any failure. */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "actcodec.h"
 #include "kernels.h"
 
-#define CANARY 0xA5
-#define GUARD 64 /* canary bytes checked after every region a kernel may write */
-
-static unsigned long long n_passed, n_failed;
-
-/* Records one case; prints the first few failures with their context. */
-static int report(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int report(int ok, const char *fmt, ...) {
-    if (ok) {
-        n_passed++;
-        return 1;
-    }
-    if (++n_failed <= 25) {
-        va_list ap;
-        va_start(ap, fmt);
-        fputs("FAIL ", stdout);
-        vprintf(fmt, ap);
-        fputc('\n', stdout);
-        va_end(ap);
-    }
-    return 0;
-}
-
-static void *xmalloc(size_t n) {
-    /* malloc(0) may return NULL, which is fine: such a buffer must never be dereferenced. */
-    void *p = malloc(n);
-    if (p == NULL && n != 0) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", n);
-        exit(2);
-    }
-    return p;
-}
-
-/* ---- deterministic randomness (splitmix64) ---- */
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rnd01(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
+#define HARNESS_SEED 0x243F6A8885A308D3ull
+#include "harness.h"
 
 /* ---- element access by width (endian-neutral: values go through the native type) ---- */
 static uint64_t width_mask(int es) { return es == 8 ? ~0ull : (1ull << (8 * es)) - 1; }
@@ -162,12 +121,6 @@ static void collect_isas(void) {
                    fill[isa](&k) ? "not supported by this CPU" : "not compiled for this target");
         }
     }
-}
-
-static int canary_ok(const unsigned char *p, size_t len) {
-    for (size_t i = 0; i < len; i++)
-        if (p[i] != CANARY) return 0;
-    return 1;
 }
 
 /* The expected encoding of one input, computed by the model. */
@@ -450,6 +403,5 @@ int main(void) {
     ac_set_num_threads(threads);
     printf("driver api: %llu cases\n", n_passed + n_failed - before);
 
-    printf("%llu passed, %llu failed\n", n_passed, n_failed);
-    return n_failed ? 1 : 0;
+    return finish();
 }

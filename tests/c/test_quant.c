@@ -14,56 +14,14 @@
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "actcodec.h"
 #include "kernels.h"
 
-#define CANARY 0xA5
-#define GUARD 64 /* canary bytes checked on both sides of every region a kernel writes */
-
-static unsigned long long n_passed, n_failed;
-
-/* Records one case; prints the first few failures with their context. */
-static int report(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int report(int ok, const char *fmt, ...) {
-    if (ok) {
-        n_passed++;
-        return 1;
-    }
-    if (++n_failed <= 25) {
-        va_list ap;
-        va_start(ap, fmt);
-        fputs("FAIL ", stdout);
-        vprintf(fmt, ap);
-        fputc('\n', stdout);
-        va_end(ap);
-    }
-    return 0;
-}
-
-static void *xmalloc(size_t n) {
-    /* malloc(0) may return NULL, which is fine: such a buffer must never be dereferenced. */
-    void *p = malloc(n);
-    if (p == NULL && n != 0) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", n);
-        exit(2);
-    }
-    return p;
-}
-
-/* ---- deterministic randomness (splitmix64) ---- */
-static uint64_t rng_state = 0x452821E638D01377ull;
-static uint64_t rnd(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rnd01(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
-static size_t rnd_below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
+#define HARNESS_SEED 0x452821E638D01377ull
+#include "harness.h"
 
 static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -81,12 +39,6 @@ static float rnd_finite(void) {
     do u = (uint32_t)rnd();
     while ((u & 0x7F800000u) == 0x7F800000u);
     return u2f(u);
-}
-
-static int canary_ok(const unsigned char *p, size_t len) {
-    for (size_t i = 0; i < len; i++)
-        if (p[i] != CANARY) return 0;
-    return 1;
 }
 
 /* An output buffer of len bytes (at misalignment off within its block) with canaries. */
@@ -939,13 +891,12 @@ int main(void) {
     printf("kernels: %llu cases\n", n_passed + n_failed - before);
 
     before = n_passed + n_failed;
-    const int best = ac_active_isa(), threads = ac_get_num_threads(), trick = ac_get_bittrick();
+    const int best = ac_active_isa(), threads = ac_get_num_threads();
     api_tests();
     ac_set_isa(best);
     ac_set_num_threads(threads);
-    ac_set_bittrick(trick);
+    ac_set_bittrick(-1); /* back to the per-path default */
     printf("driver api: %llu cases\n", n_passed + n_failed - before);
 
-    printf("%llu passed, %llu failed\n", n_passed, n_failed);
-    return n_failed ? 1 : 0;
+    return finish();
 }
