@@ -12,16 +12,13 @@ import numpy as np
 from . import _dtypes, bitmap, bitmap_quant, quant, raw
 
 
-def sizes(x, bits: int | None, group_size: int | None = 256, dtype: str | None = None) -> dict:
-    """Exact payload bytes each allowed codec would produce for x."""
-    arr = np.asarray(x)
-    _dtypes.dtype_name(arr, dtype)  # a clear error for unsupported dtypes
-    bits_view = _dtypes.bits_view(arr)
-    n, esize = bits_view.size, bits_view.itemsize
-    nnz = int(np.count_nonzero(bits_view))
+def sizes_from_counts(n: int, nnz: int, esize: int, bits: int | None,
+                      group_size: int | None = 256) -> dict:
+    """Exact payload bytes of each codec `bits` allows, for n elements with nnz nonzero."""
     out = {"raw": n * esize, "bitmap": (n + 7) // 8 + nnz * esize}
     if bits is not None:
         quant.check_params(bits, group_size, "nearest", "raise", 0)
+
         def q(count):
             return quant.packed_nbytes(count, bits) + 8 * quant.ngroups(count, group_size)
         out["quant"] = q(n)
@@ -29,9 +26,22 @@ def sizes(x, bits: int | None, group_size: int | None = 256, dtype: str | None =
     return out
 
 
+def smallest(sizes: dict) -> str:
+    """The smallest codec; ties go to the lossless one."""
+    return min(sizes, key=lambda c: (sizes[c], c not in ("raw", "bitmap")))
+
+
+def sizes(x, bits: int | None, group_size: int | None = 256, dtype: str | None = None) -> dict:
+    """Exact payload bytes each allowed codec would produce for x."""
+    arr = np.asarray(x)
+    _dtypes.dtype_name(arr, dtype)  # a clear error for unsupported dtypes
+    bits_view = _dtypes.bits_view(arr)
+    return sizes_from_counts(bits_view.size, int(np.count_nonzero(bits_view)),
+                             bits_view.itemsize, bits, group_size)
+
+
 def choose(x, bits: int | None, group_size: int | None = 256, dtype: str | None = None) -> str:
-    s = sizes(x, bits, group_size, dtype)
-    return min(s, key=lambda c: (s[c], c not in ("raw", "bitmap")))
+    return smallest(sizes(x, bits, group_size, dtype))
 
 
 def encode(x, codec: str = "auto", *, bits: int | None = None, group_size: int | None = 256,

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from . import _dtypes, _ext, container, quant
+from . import _dtypes, _ext, bitmap, container, quant
 
 CODEC_ID = 4
 DECODES_TO_FLOAT32 = True
@@ -21,34 +21,38 @@ params_from_tuple = quant.params_from_tuple
 
 def encode(x, bits: int = 8, *, group_size: int | None = 256, rounding: str = "nearest",
            seed: int = 0, nonfinite: str = "raise", dtype: str | None = None) -> container.Encoded:
-    arr = np.asarray(x)
-    name = _dtypes.dtype_name(arr, dtype)
     p = quant.check_params(bits, group_size, rounding, nonfinite, seed)
-    bits_view = _dtypes.bits_view(arr)
-    bitmap, values = _ext.bitmap_encode(bits_view.view(np.uint8), bits_view.itemsize, 0)
-    qbufs = quant.quantize_flat(values.view(bits_view.dtype), name, p)
-    return container.Encoded("bitmap_quant", name, tuple(arr.shape), p, (bitmap, *qbufs))
+    return from_bitmap(bitmap.encode(x, dtype=dtype), p)
+
+
+def from_bitmap(lossless: container.Encoded, p: dict) -> container.Encoded:
+    """Quantize the values of a lossless bitmap encoding (p: quant.check_params output)."""
+    bitmap_buf, values = lossless.buffers
+    values = values.view(f"u{_dtypes.itemsize(lossless.dtype)}")
+    qbufs = quant.quantize_flat(values, lossless.dtype, p)
+    return container.Encoded("bitmap_quant", lossless.dtype, lossless.shape, p,
+                             (bitmap_buf, *qbufs))
 
 
 def validate(enc: container.Encoded) -> None:
     if len(enc.buffers) not in (4, 6):
         raise ValueError(f"bitmap_quant encoding needs 4 or 6 buffers, has {len(enc.buffers)}")
     n = enc.size
-    bitmap = enc.buffers[0]
-    if bitmap.nbytes != (n + 7) // 8:
-        raise ValueError(f"bitmap has {bitmap.nbytes} bytes, {(n + 7) // 8} expected for "
+    bitmap_buf = enc.buffers[0]
+    if bitmap_buf.nbytes != (n + 7) // 8:
+        raise ValueError(f"bitmap has {bitmap_buf.nbytes} bytes, {(n + 7) // 8} expected for "
                          f"{n} elements")
-    nnz = _ext.bitmap_count(bitmap, n)
+    nnz = _ext.bitmap_count(bitmap_buf, n)
     quant.validate_flat(enc.buffers[1:], nnz, enc.dtype, enc.params)
 
 
 def decode_into(enc: container.Encoded, out_bytes: np.ndarray, out_name: str) -> None:
-    bitmap, qbufs = enc.buffers[0], enc.buffers[1:]
-    nnz = _ext.bitmap_count(bitmap, enc.size)
+    bitmap_buf, qbufs = enc.buffers[0], enc.buffers[1:]
+    nnz = _ext.bitmap_count(bitmap_buf, enc.size)
     esize = _dtypes.itemsize(out_name)
     values = np.empty(nnz * esize, np.uint8)
     quant.dequantize_flat(qbufs, nnz, enc.dtype, out_name, enc.params, values)
-    _ext.bitmap_decode(bitmap, values, esize, out_bytes)
+    _ext.bitmap_decode(bitmap_buf, values, esize, out_bytes)
 
 
 container.register("bitmap_quant", sys.modules[__name__])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import _ext, bitmap
+from .. import _ext, auto, bitmap, bitmap_quant, quant
 from . import bridge
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -158,10 +158,18 @@ class compress_saved:
         values = lossless.buffers[1].view(f"u{arr.itemsize}")
         if values.size and (values == values[0]).all():  # 0/c masks: 1 bit and one value
             return _Packed(lossless.buffers[0], t.dtype, shape, values[:1].copy()), "mask"
-        if self.policy.bits is None and lossless.nbytes < arr.nbytes:
-            return _Packed(lossless, t.dtype, shape), "bitmap"
-        enc = bridge.encode_tensor(t, "auto", **self.policy.params(self.step))
-        return _Packed(enc, t.dtype, shape), enc.codec
+        # Choose from the counts this pass already has, and reuse it where it fits.
+        p = self.policy.params(self.step)
+        codec = auto.smallest(auto.sizes_from_counts(arr.size, values.size, arr.itemsize,
+                                                     p["bits"], p["group_size"]))
+        if codec == "bitmap":
+            enc = lossless
+        elif codec == "bitmap_quant":
+            enc = bitmap_quant.from_bitmap(lossless, quant.check_params(
+                p["bits"], p["group_size"], p["rounding"], "raise", p["seed"]))
+        else:
+            enc = bridge.encode_tensor(t, codec, **p)
+        return _Packed(enc, t.dtype, shape), codec
 
     def _unpack(self, packed):
         if not isinstance(packed, _Packed):
