@@ -37,6 +37,15 @@ class Policy:
     seed: int = 0
     min_bytes: int = 16 * 1024
 
+    @classmethod
+    def preset(cls, name: str) -> "Policy":
+        """A named policy: "lossless", "8bit", "4bit", "2bit" or "auto"."""
+        presets = {"lossless": {}, "8bit": {"bits": 8}, "4bit": {"bits": 4},
+                   "2bit": {"bits": 2}, "auto": {"bits": 4}}
+        if name not in presets:
+            raise ValueError(f"unknown policy preset {name!r}; known: {', '.join(presets)}")
+        return cls(**presets[name])
+
     def params(self, step: int) -> dict:
         return {"bits": self.bits, "group_size": self.group_size, "rounding": self.rounding,
                 "seed": (self.seed + step) % 2**64}
