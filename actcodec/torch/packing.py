@@ -1,0 +1,223 @@
+"""One compressed tensor as autograd keeps it: payload buffers as uint8 tensors plus the small
+metadata needed to restore it. Shared by the saved-tensor hooks and the autograd Functions.
+
+Kinds:
+- "encoded": an actcodec encoding (raw, bitmap, quant, bitmap_quant) of a float tensor;
+- "mask": a tensor whose nonzero elements all have one bit pattern (0/1 masks, CPU dropout's
+  scaled masks, bool tensors): a bitmap plus that one value, exact at 1 bit per element;
+- "kept": the tensor itself, uncompressed (the policy said so, or nothing smaller exists).
+
+The payload tensors share memory with the codec's output buffers (no copy), so a Function can
+hand them to `ctx.save_for_backward` and rebuild the Packed in backward with `Packed.restore`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import _ext, auto, bitmap, bitmap_quant, container, quant
+from . import bridge
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NP_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How to store one tensor. codec: "auto" (the smallest that `bits` allows), "raw",
+    "bitmap", "quant", "bitmap_quant", or "keep" (store it uncompressed). bits=None: lossless."""
+
+    codec: str = "auto"
+    bits: int | None = 8
+    group_size: int | None = 256
+    rounding: str = "nearest"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.codec not in ("auto", "raw", "bitmap", "quant", "bitmap_quant", "keep"):
+            raise ValueError(f"unknown codec {self.codec!r}; choose auto, raw, bitmap, quant, "
+                             f"bitmap_quant or keep")
+        if self.bits is not None or self.codec in ("quant", "bitmap_quant"):
+            quant.check_params(self.bits, self.group_size, self.rounding, "raise",
+                               self.seed % 2**64)
+
+
+LOSSLESS = Setting(bits=None)
+KEEP = Setting(codec="keep", bits=None)
+
+
+@dataclass(frozen=True)
+class Meta:
+    """Everything about a Packed except its payload tensors."""
+
+    kind: str
+    codec: str              # the codec used, or "mask" / "keep"
+    dtype: torch.dtype      # the original tensor's dtype
+    shape: tuple
+    params: dict | None = None
+    encoded_dtype: str | None = None
+    buffer_dtypes: tuple = ()
+    original_nbytes: int = 0
+
+
+class Packed:
+    """A compressed tensor: `meta` plus `payload` (uint8 tensors, or the kept tensor)."""
+
+    __slots__ = ("meta", "payload", "on_decode", "__weakref__")
+
+    def __init__(self, meta: Meta, payload: tuple, on_decode=None):
+        self.meta, self.payload, self.on_decode = meta, tuple(payload), on_decode
+
+    @property
+    def codec(self) -> str:
+        return self.meta.codec
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes held: the payload tensors' sizes."""
+        return sum(t.numel() * t.element_size() for t in self.payload)
+
+    @classmethod
+    def restore(cls, meta: Meta, payload, on_decode=None) -> "Packed":
+        return cls(meta, payload, on_decode)
+
+    def unpack(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = self._unpack()
+        if self.on_decode is not None:
+            self.on_decode(time.perf_counter() - t0)
+        return out
+
+    def _unpack(self) -> torch.Tensor:
+        m = self.meta
+        if m.kind == "kept":
+            return self.payload[0]
+        if m.kind == "mask":
+            return _unpack_mask(m, self.payload)
+        bufs = tuple(p.numpy().view(dt) for p, dt in zip(self.payload, m.buffer_dtypes))
+        enc = container.Encoded(m.codec, m.encoded_dtype, m.shape, m.params, bufs)
+        out = bridge.decode_tensor(enc)
+        return out if out.dtype == m.dtype else out.to(m.dtype)
+
+
+def _as_payload(buffers) -> tuple[tuple, tuple]:
+    """numpy buffers -> (uint8 tensors sharing their memory, their numpy dtypes)."""
+    tensors = tuple(torch.from_numpy(np.ascontiguousarray(b).reshape(-1).view(np.uint8))
+                    for b in buffers)
+    return tensors, tuple(b.dtype for b in buffers)
+
+
+def pack(t: torch.Tensor, setting: Setting) -> Packed:
+    """Compress `t` as `setting` says. Tensors no codec can take (integers, other devices
+    until their path exists) and `codec="keep"` come back as kind "kept"."""
+    nbytes = t.numel() * t.element_size()
+    if (setting.codec == "keep" or t.device.type != "cpu"
+            or (t.dtype not in FLOATS and t.dtype != torch.bool)):
+        return Packed(Meta("kept", "keep", t.dtype, tuple(t.shape), original_nbytes=nbytes), (t,))
+    shape = tuple(t.shape)
+    if t.dtype == torch.bool:
+        return _pack_bool(t, shape, nbytes)
+    arr, tag = bridge.tensor_array(t)
+    if setting.codec in ("auto", "bitmap", "bitmap_quant"):
+        # One bitmap pass gives the counts for the choice, the lossless encoding and the mask
+        # test; quant of the nonzeros reuses it.
+        lossless = bitmap.encode(arr, dtype=tag)
+        values = lossless.buffers[1].view(_NP_UINT[arr.itemsize])
+        if setting.codec == "auto" and values.size and (values == values[0]).all():
+            return _mask(lossless.buffers[0], values[:1].copy(), t.dtype, shape, nbytes)
+        codec = setting.codec
+        if codec == "auto":
+            codec = auto.smallest(auto.sizes_from_counts(arr.size, values.size, arr.itemsize,
+                                                         setting.bits, setting.group_size))
+        if codec == "bitmap":
+            enc = lossless
+        elif codec == "bitmap_quant":
+            enc = bitmap_quant.from_bitmap(lossless, _quant_params(setting))
+        else:
+            enc = auto.encode(arr, codec, dtype=tag, **_codec_kwargs(setting))
+    else:
+        enc = auto.encode(arr, setting.codec, dtype=tag, **_codec_kwargs(setting))
+    payload, dtypes = _as_payload(enc.buffers)
+    meta = Meta("encoded", enc.codec, t.dtype, shape, enc.params, enc.dtype, dtypes, nbytes)
+    return Packed(meta, payload)
+
+
+def _quant_params(s: Setting) -> dict:
+    return quant.check_params(s.bits, s.group_size, s.rounding, "raise", s.seed % 2**64)
+
+
+def _codec_kwargs(s: Setting) -> dict:
+    if s.codec in ("raw", "bitmap"):
+        return {}
+    return {"bits": s.bits, "group_size": s.group_size, "rounding": s.rounding,
+            "seed": s.seed % 2**64}
+
+
+def _pack_bool(t, shape, nbytes) -> Packed:
+    flat = t.detach().contiguous().view(torch.uint8).numpy().reshape(-1)
+    bits = np.packbits(flat, bitorder="little")
+    return Packed(Meta("mask", "mask", t.dtype, shape, original_nbytes=nbytes),
+                  (torch.from_numpy(bits),))
+
+
+def _mask(bitmap_buf, value, dtype, shape, nbytes) -> Packed:
+    payload = (torch.from_numpy(bitmap_buf), torch.from_numpy(value.view(np.uint8)))
+    return Packed(Meta("mask", "mask", dtype, shape, original_nbytes=nbytes), payload)
+
+
+def _unpack_mask(m: Meta, payload) -> torch.Tensor:
+    n = int(np.prod(m.shape, dtype=np.int64))
+    if m.dtype == torch.bool:
+        bits = np.unpackbits(payload[0].numpy(), count=n, bitorder="little").view(bool)
+        return torch.from_numpy(bits.reshape(m.shape))
+    bitmap_buf, value = payload[0].numpy(), payload[1].numpy()
+    values = np.tile(value, _ext.bitmap_count(bitmap_buf, n))
+    out = torch.empty(m.shape, dtype=m.dtype)
+    _ext.bitmap_decode(bitmap_buf, values, value.size, out.view(-1).view(torch.uint8).numpy())
+    return out
+
+
+def pack_mask(mask: torch.Tensor) -> Packed:
+    """A bool tensor at 1 bit per element (ReLU and dropout masks)."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"pack_mask needs a bool tensor, got {mask.dtype}")
+    if mask.device.type != "cpu":
+        return Packed(Meta("kept", "keep", mask.dtype, tuple(mask.shape),
+                           original_nbytes=mask.numel()), (mask,))
+    return _pack_bool(mask, tuple(mask.shape), mask.numel())
+
+
+def save(ctx, *items) -> None:
+    """`ctx.save_for_backward` for a mix of tensors, Packed and None: payload tensors go to
+    autograd as non-differentiable uint8 tensors; their metadata rides on ctx."""
+    tensors, layout = [], []
+    for item in items:
+        if isinstance(item, Packed):
+            layout.append((item.meta, len(item.payload), item.on_decode))
+            tensors.extend(item.payload)
+        elif item is None:
+            layout.append(None)
+        else:
+            layout.append((None, 1, None))
+            tensors.append(item)
+    ctx.save_for_backward(*tensors)
+    ctx.actcodec_layout = layout
+
+
+def load(ctx) -> list:
+    """The items `save` stored, decompressed, in order (works for a second backward too)."""
+    saved, out, i = ctx.saved_tensors, [], 0
+    for entry in ctx.actcodec_layout:
+        if entry is None:
+            out.append(None)
+            continue
+        meta, count, on_decode = entry
+        if meta is None:
+            out.append(saved[i])
+        else:
+            out.append(Packed.restore(meta, saved[i:i + count], on_decode).unpack())
+        i += count
+    return out

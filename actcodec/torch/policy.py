@@ -1,0 +1,122 @@
+"""Policies: which codec and precision each saved activation gets.
+
+A policy maps (op kind, layer name) to a `Setting`. Resolution order, first match wins:
+1. `overrides` keyed by layer name (fnmatch patterns such as "blocks.0.*" or "fc");
+2. `overrides` keyed by op kind ("conv", "linear", "batch_norm", "softmax", ...);
+3. sensitive op kinds (`sensitive`): stored at `sensitive_bits` when the policy's own bits are
+   fewer (None = lossless). Measured why: normalisation inputs and softmax outputs feed
+   backward formulas that amplify their error (a ViT's gradient at 2 bits keeps a cosine of
+   0.08 to the exact one when LayerNorm inputs are quantized too, 0.73 when they are not);
+4. the policy's own codec, bits, group size and rounding.
+Tensors smaller than `min_bytes` are kept as they are: their metadata would cost more than
+their compression saves.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+
+from .packing import KEEP, Setting
+
+OP_KINDS = ("input", "linear", "conv", "relu", "gelu", "silu", "batch_norm", "layer_norm",
+            "group_norm", "max_pool", "avg_pool", "dropout", "softmax", "matmul", "other")
+SENSITIVE = ("batch_norm", "layer_norm", "group_norm", "softmax", "input")
+
+PRESETS = {
+    "lossless": {"bits": None},
+    "8bit": {"bits": 8},
+    "4bit": {"bits": 4, "sensitive_bits": 8},
+    "2bit": {"bits": 2, "group_size": 64, "sensitive_bits": 8},
+    "auto": {"bits": 4, "sensitive_bits": 8},
+}
+
+
+@dataclass
+class Policy:
+    """How saved activations are stored (see the module docstring for the rules).
+
+    bits: 1, 2, 4, 8, or None for lossless only; codec: "auto" picks the smallest encoding
+    the bits allow per tensor by its density (k-bit dense, bitmap + k-bit nonzeros, bitmap,
+    raw), or name one. rounding "stochastic" draws from a seed that changes every step
+    (`next_step()`) and every tensor. overrides: {op kind or layer pattern: dict of Setting
+    fields, or None to keep those tensors uncompressed}.
+    """
+
+    bits: int | None = 8
+    group_size: int | None = 256
+    rounding: str = "nearest"
+    codec: str = "auto"
+    seed: int = 0
+    sensitive_bits: int | None = 8
+    sensitive: tuple = SENSITIVE
+    overrides: dict = field(default_factory=dict)
+    min_bytes: int = 16 * 1024
+    step: int = 0
+
+    def __post_init__(self):
+        self._base = Setting(self.codec, self.bits, self.group_size, self.rounding)
+        if self.sensitive_bits is not None:
+            Setting(bits=self.sensitive_bits)  # validates
+        for key, value in self.overrides.items():
+            if value is not None:
+                replace(self._base, **value)  # unknown fields or bad values raise here
+        self._counter = 0
+
+    @classmethod
+    def preset(cls, name: str, **changes) -> "Policy":
+        """A named policy: "lossless", "8bit", "4bit", "2bit" or "auto"; keywords adjust it."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown policy preset {name!r}; known: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **changes})
+
+    def next_step(self) -> None:
+        """Start a new training step: stochastic rounding draws fresh numbers."""
+        self.step += 1
+        self._counter = 0
+
+    def setting(self, op: str, layer: str | None = None, nbytes: int | None = None):
+        """The Setting for one tensor saved by `op` in `layer`, or KEEP."""
+        if nbytes is not None and nbytes < self.min_bytes:
+            return KEEP
+        found, chosen = False, None
+        if layer is not None:
+            for key, value in self.overrides.items():
+                if key not in OP_KINDS and fnmatch.fnmatchcase(layer, key):
+                    found, chosen = True, value
+                    break
+        if not found and op in self.overrides:
+            found, chosen = True, self.overrides[op]
+        if found:
+            if chosen is None:
+                return KEEP
+            s = replace(self._base, **chosen)
+        elif op in self.sensitive and self._coarser(self.bits, self.sensitive_bits):
+            s = replace(self._base, bits=self.sensitive_bits)
+            if s.bits is None and s.codec in ("quant", "bitmap_quant"):
+                s = replace(s, codec="auto")
+        else:
+            s = self._base
+        if s.rounding == "stochastic":
+            # A distinct stream per step and per tensor: the same seed for every tensor would
+            # round correlated positions of different tensors the same way.
+            self._counter += 1
+            s = replace(s, seed=_mix(self.seed, self.step, self._counter))
+        return s
+
+    @staticmethod
+    def _coarser(bits, sensitive_bits) -> bool:
+        """True when `bits` keeps less than `sensitive_bits` (None = lossless = everything)."""
+        if bits is None:
+            return False
+        return sensitive_bits is None or bits < sensitive_bits
+
+
+def _mix(*values: int) -> int:
+    """A 64-bit hash of a few integers (splitmix64 steps), for per-tensor seeds."""
+    x = 0
+    for v in values:
+        x = (x ^ (v % 2**64)) + 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+    return x
