@@ -1,13 +1,21 @@
 """PyTorch adapters: compress saved activations through the actcodec codecs.
 
-    with actcodec.torch.compress_saved():        # lossless by default
-        loss = model(x).sum()
+Any model, no changes (saved-tensor hooks):
+
+    with actcodec.torch.compress_saved(Policy.preset("4bit")) as c:
+        loss = model(x)
     loss.backward()
+    print(c.stats.table())
 
 Needs torch (``pip install actcodec[torch]``).
 """
+from .accounting import Accounting, record
 from .bridge import decode_tensor, encode_tensor, tensor_array
-from .hooks import Policy, SavedStats, compress_saved
+from .hooks import compress_saved
+from .packing import Packed, Setting
+from .policy import Policy
 
-__all__ = ["Policy", "SavedStats", "compress_saved", "decode_tensor", "encode_tensor",
-           "tensor_array"]
+SavedStats = Accounting  # the name earlier versions used
+
+__all__ = ["Accounting", "Packed", "Policy", "SavedStats", "Setting", "compress_saved",
+           "decode_tensor", "encode_tensor", "record", "tensor_array"]
