@@ -60,38 +60,42 @@ def cmd_info(args) -> int:
     return 1 if failed else 0
 
 
+BENCH_CODECS = ("raw", "bitmap", "quant", "bitmap_quant", "auto", "reduce")
+BENCH_DTYPES = ("float32", "float16")
+BENCH_REGIMES = ("fresh", "reused")
+
+
+def _bench_command(args) -> str:
+    """The command line that reproduces this run, for the report's header."""
+    parts = ["python -m actcodec bench", f"--mib {args.mib}", f"--rounds {args.rounds}"]
+    if args.threads:
+        parts.append(f"--threads {args.threads}")
+    for name, default in (("codecs", BENCH_CODECS), ("dtypes", BENCH_DTYPES),
+                          ("regimes", BENCH_REGIMES)):
+        if list(getattr(args, name)) != list(default):
+            parts.append(f"--{name} " + " ".join(getattr(args, name)))
+    return " ".join(parts)
+
+
 def cmd_bench(args) -> int:
-    from . import benchmark
+    from . import bench_render, bench_report
 
     if args.threads:
         actcodec.set_num_threads(args.threads)
-    try:
-        import torch
 
-        torch.set_num_threads(actcodec.get_num_threads())  # the same threads for every library
-    except ImportError:
-        pass
-    threads, path = actcodec.get_num_threads(), actcodec.get_simd()
-    parts = []
-    if "bitmap" in args.codecs:
-        rows = benchmark.bitmap_report(args.mib, rounds=args.rounds)
-        parts.append(benchmark.format_bitmap_report(rows, args.mib, threads, path))
-        print(parts[-1] + "\n", flush=True)
-    if "quant" in args.codecs:
-        rows = benchmark.quant_report(args.mib, rounds=args.rounds)
-        parts.append(benchmark.format_quant_report(rows, args.mib, threads, path,
-                                                   actcodec.get_bittrick()))
-        print(parts[-1] + "\n", flush=True)
-    if "reduce" in args.codecs:
-        from . import reduce  # imports numba: only when asked for
+    def progress(row, seconds):
+        params = " ".join(f"{k}={v}" for k, v in row.params.items())
+        print(f"  {row.dtype} {row.memory:6} {row.codec} {params}: encode/copy "
+              f"{row.vs_copy['encode']:.2f}, decode/copy {row.vs_copy['decode']:.2f} "
+              f"({seconds:.1f} s)", file=sys.stderr, flush=True)
 
-        parts.append(reduce.format_reduce_report(
-            reduce.reduce_report(args.mib, rounds=args.rounds, threads=threads)))
-        print(parts[-1] + "\n", flush=True)
-    text = "\n\n".join(parts)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    rep = bench_report.run(args.mib, args.rounds, args.codecs, args.dtypes, args.regimes,
+                           progress=progress)
+    command = _bench_command(args)
+    print(bench_render.markdown(rep, command), flush=True)
+    paths = bench_render.write(rep, args.out, command)
+    print(f"wrote {paths['md']}" + (f" and {paths['png']}" if paths["png"] else
+                                    f"; {paths['png_note']}"), file=sys.stderr)
     return 0
 
 
@@ -99,14 +103,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actcodec")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print the SIMD table and self-check every path")
-    bench = sub.add_parser("bench", help="codec speed as ratios to a threaded copy and numpy")
+    bench = sub.add_parser("bench", help="the codec report: ratios to a threaded copy, numpy, "
+                           "torch, bitsandbytes, torchao; writes bench.md and bench.png")
     bench.add_argument("--mib", type=int, default=64, help="array size in MiB (default 64)")
     bench.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
     bench.add_argument("--threads", type=int, default=0, help="threads (default: all cores)")
-    bench.add_argument("--codecs", nargs="+", default=["bitmap", "quant", "reduce"],
-                       choices=["bitmap", "quant", "reduce"],
-                       help="which reports (default: all; reduce needs numba)")
-    bench.add_argument("--out", help="also write the markdown tables to this file")
+    bench.add_argument("--codecs", nargs="+",
+                       default=list(BENCH_CODECS), choices=BENCH_CODECS,
+                       help="which sections (default: all; reduce needs numba)")
+    bench.add_argument("--dtypes", nargs="+", default=list(BENCH_DTYPES), choices=BENCH_DTYPES,
+                       help="element types (default: both)")
+    bench.add_argument("--regimes", nargs="+", default=list(BENCH_REGIMES),
+                       choices=BENCH_REGIMES, help="memory regimes (default: both)")
+    bench.add_argument("--out", default="actcodec-bench",
+                       help="directory for bench.md and bench.png (default ./actcodec-bench)")
     args = parser.parse_args(argv)
     return {"info": cmd_info, "bench": cmd_bench}[args.command](args)
 

@@ -1,22 +1,38 @@
-"""Side-by-side timing for the benchmark report: candidates run interleaved, round after round,
-on the same input, and each is quoted as its median time over a yardstick's median (a threaded
-copy of the same array). Ratios from one run are what this shared, noisy machine can support."""
+"""Side-by-side timing for the benchmark report, its inputs and the alternatives it compares
+against. Candidates run interleaved, round after round, on the same input, and each is quoted
+as its median time over a yardstick's median (a threaded copy of the same array). Ratios from
+one run are what this shared, noisy machine can support.
+
+The report itself (which rows, which alternatives) is bench_report.py; its markdown and PNG
+are bench_render.py. The pytest-benchmark suites in bench/ reuse the helpers here."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+import importlib
+import importlib.util
+import logging
 import random
 import time
+import warnings
 from contextlib import contextmanager
 from statistics import median
+from types import SimpleNamespace
 
 import numpy as np
 
-from . import _ext, bitmap
-
+from . import _ext
 
 REGIMES = ("fresh", "reused")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
+
+
+# --- timing ------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c"))  # find_library runs a subprocess
 
 
 @contextmanager
@@ -25,7 +41,9 @@ def memory_regime(regime: str):
     part of every call (glibc's default for arrays of 32 MiB and more). 'reused': glibc keeps
     freed memory and hands it out again, as it does for the smaller, recurring allocations of
     a training loop. Either way every candidate, copy included, uses the same allocator."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c")) if regime == "reused" else None
+    if regime not in REGIMES:
+        raise ValueError(f"unknown memory regime {regime!r}; choose {', '.join(REGIMES)}")
+    libc = _libc() if regime == "reused" else None
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(_M_MMAP_MAX, 0)
         libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
@@ -60,75 +78,54 @@ def threaded_copy(x: np.ndarray) -> np.ndarray:
     return out
 
 
+# --- inputs ------------------------------------------------------------------------------
+
+def normal(nbytes: int, dtype="float32", seed: int = 0) -> np.ndarray:
+    """Dense N(0, 1) values (pre-activations): `nbytes` bytes of `dtype`."""
+    dt = np.dtype(dtype)
+    x = np.random.default_rng(seed).standard_normal(nbytes // dt.itemsize, dtype=np.float32)
+    return x if dt == np.float32 else x.astype(dt)
+
+
+def relu_like(nbytes: int, zero_fraction: float, seed: int = 0, dtype="float32",
+              nonzero_multiple: int = 1) -> np.ndarray:
+    """`nbytes` bytes of positive activations (|N(0,1)| + 0.01) with the given fraction of
+    exact zeros at random positions. `nonzero_multiple` zeroes a few more elements so that the
+    nonzero count is a multiple of it (whole quantization groups for the eager alternatives)."""
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    x = np.abs(rng.standard_normal(nbytes // dt.itemsize, dtype=np.float32)) + np.float32(0.01)
+    x[rng.random(x.size) < zero_fraction] = 0
+    if nonzero_multiple > 1:
+        nz = np.flatnonzero(x)
+        x[nz[:nz.size % nonzero_multiple]] = 0
+    return x if dt == np.float32 else x.astype(dt)
+
+
+# --- alternatives --------------------------------------------------------------------------
+
+_FLOAT_OF_SIZE = {2: np.float16, 4: np.float32, 8: np.float64}
+
+
 def numpy_bitmap_encode(x: np.ndarray):
-    """The numpy way: packbits of the nonzero mask plus boolean indexing."""
-    bits = x.reshape(-1).view(np.uint32)
+    """The numpy way: packbits of the nonzero mask plus boolean indexing (on the bit patterns,
+    so -0.0 counts as nonzero, as in the codec)."""
+    bits = x.reshape(-1).view(f"u{x.itemsize}")
     nz = bits != 0
     return np.packbits(nz, bitorder="little"), bits[nz]
 
 
-def numpy_bitmap_decode(packed, values, n: int) -> np.ndarray:
+def numpy_bitmap_decode(packed, values, n: int, dtype=None) -> np.ndarray:
+    """Inverse of numpy_bitmap_encode; `dtype` defaults to the float type of values' width."""
     nz = np.unpackbits(packed, count=n, bitorder="little").view(bool)
-    out = np.zeros(n, np.uint32)
+    out = np.zeros(n, values.dtype)
     out[nz] = values
-    return out.view(np.float32)
-
-
-def relu_like(nbytes: int, zero_fraction: float, seed: int = 0) -> np.ndarray:
-    """float32 activations with the given fraction of exact zeros at random positions."""
-    rng = np.random.default_rng(seed)
-    x = np.abs(rng.standard_normal(nbytes // 4, dtype=np.float32)) + np.float32(0.01)
-    x[rng.random(x.size) < zero_fraction] = 0
-    return x
-
-
-def bitmap_report(mib: int = 64, zero_fractions=(0.1, 0.5, 0.9), rounds: int = 9) -> list[dict]:
-    """Bitmap encode/decode vs a threaded copy and vs numpy, one row per zero fraction."""
-    rows = []
-    for regime, zf in [(r, z) for r in REGIMES for z in zero_fractions]:
-        x = relu_like(mib << 20, zf)
-        enc = bitmap.encode(x)
-        packed, values = numpy_bitmap_encode(x)
-        with memory_regime(regime):
-            t = time_interleaved({
-                "copy": lambda: threaded_copy(x),
-                "encode": lambda: bitmap.encode(x),
-                "decode": lambda: enc.decode(),
-                "numpy encode": lambda: numpy_bitmap_encode(x),
-                "numpy decode": lambda: numpy_bitmap_decode(packed, values, x.size),
-            }, rounds=rounds)
-        gbs = lambda s: x.nbytes / s / 1e9  # noqa: E731
-        rows.append({
-            "memory": regime, "zeros": zf, "ratio": enc.ratio, "copy_ms": t["copy"] * 1e3,
-            "copy_GBs": gbs(t["copy"]),
-            "encode_vs_copy": t["encode"] / t["copy"], "decode_vs_copy": t["decode"] / t["copy"],
-            "encode_speedup_vs_numpy": t["numpy encode"] / t["encode"],
-            "decode_speedup_vs_numpy": t["numpy decode"] / t["decode"],
-            "encode_GBs": gbs(t["encode"]), "decode_GBs": gbs(t["decode"]),
-        })
-    return rows
-
-
-def format_bitmap_report(rows: list[dict], mib: int, threads: int, path: str) -> str:
-    lines = [
-        f"Sparse bitmap, {mib} MiB float32, {threads} threads, {path} path "
-        f"(medians of interleaved rounds; time ratios, lower is better for 'vs copy')",
-        "",
-        "| memory | zeros | size ratio | encode / copy | decode / copy | encode vs numpy | "
-        "decode vs numpy | encode GB/s | decode GB/s | copy GB/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['memory']} | {r['zeros']:.0%} | {r['ratio']:.2f}x | {r['encode_vs_copy']:.2f} | "
-            f"{r['decode_vs_copy']:.2f} | {r['encode_speedup_vs_numpy']:.1f}x faster | "
-            f"{r['decode_speedup_vs_numpy']:.1f}x faster | {r['encode_GBs']:.1f} | "
-            f"{r['decode_GBs']:.1f} | {r['copy_GBs']:.1f} |")
-    return "\n".join(lines)
+    return out.view(dtype or _FLOAT_OF_SIZE[values.itemsize])
 
 
 def torch_eager_quantize(xt, bits: int, group: int = 256):
-    """What a user writes in eager torch: per-group min-max, round, pack (same layout)."""
+    """What a user writes in eager torch: per-group min-max, round, pack (same layout). Works
+    in xt's dtype (float16 stays float16)."""
     import torch
 
     levels = (1 << bits) - 1
@@ -144,94 +141,76 @@ def torch_eager_quantize(xt, bits: int, group: int = 256):
 
 
 def torch_eager_dequantize(packed, mn, scale, bits: int, group: int = 256):
+    """Inverse of torch_eager_quantize, to the dtype of the mins (the input's)."""
     import torch
 
     mask = (1 << bits) - 1
     planes = [(packed >> (bits * i)) & mask for i in range(8 // bits)]
-    codes = torch.stack(planes, dim=1).view(-1, group).to(torch.float32)
+    codes = torch.stack(planes, dim=1).view(-1, group).to(mn.dtype)
     return (mn + codes * scale).view(-1)
 
 
-def quant_report(mib: int = 64, bits_list=(1, 2, 4, 8), rounds: int = 9) -> list[dict]:
-    """k-bit encode/decode (G=256) vs a threaded copy, eager torch, bitsandbytes (8-bit), and
-    the bit-trick vs cast conversion paths."""
-    from . import _ext as ext
-    from . import quant
-
+def load_bitsandbytes():
+    """bitsandbytes.functional, or None (not installed, or fails to load)."""
     try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is optional
-        torch = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import bitsandbytes.functional as bnbf
+    except Exception:  # optional, and its native library may fail to load
+        return None
+    return bnbf
+
+
+_TORCHAO_MODULES = ("torchao.prototype.dtypes.uintx.bitpacking",  # torchao >= 0.16 or so
+                    "torchao.dtypes.uintx.bitpacking")            # older releases
+
+
+def load_torchao() -> SimpleNamespace:
+    """torchao's CPU bit packing: `ok`, `status` (version and module, or why it is missing),
+    and `pack(codes, bits)` / `unpack(packed, bits)` over 1-D uint8 code tensors (one code
+    per byte, length a multiple of 8). torchao's import logs failures to load its CUDA-only
+    libraries on CPU builds of torch; they are silenced here (the packing is plain torch)."""
+    if importlib.util.find_spec("torchao") is None:
+        return SimpleNamespace(ok=False, status="not installed")
+    quiet = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in quiet]
     try:
-        import bitsandbytes.functional as bnbf
-    except Exception:  # pragma: no cover - optional, and may fail to load
-        bnbf = None
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((mib << 20) // 4, dtype=np.float32)
-    xt = torch.from_numpy(x) if torch is not None else None
-    def with_conversion(on, fn):
-        def run():
-            ext.set_bittrick(on)
-            try:
-                return fn()
-            finally:
-                ext.set_bittrick(None)
-        return run
+        for lg in quiet:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchao
+            mod = name = None
+            for name in _TORCHAO_MODULES:
+                try:
+                    mod = importlib.import_module(name)
+                    break
+                except ImportError:
+                    continue
+    except Exception as exc:  # installed but broken against this torch
+        return SimpleNamespace(ok=False, status=f"incompatible ({type(exc).__name__}: {exc})")
+    finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
+    version = getattr(torchao, "__version__", "?")
+    if mod is None or not hasattr(mod, "pack_cpu"):
+        return SimpleNamespace(ok=False, status=f"{version}, incompatible (no bit packing "
+                                                f"module found)")
+    import torch
 
-    rows = []
-    for regime, bits in [(r, b) for r in REGIMES for b in bits_list]:
-        enc = quant.encode(x, bits)
-        cands = {
-            "copy": lambda: threaded_copy(x),
-            "encode": lambda: quant.encode(x, bits),
-            "decode": lambda: enc.decode(),
-            "encode trick": with_conversion(True, lambda: quant.encode(x, bits)),
-            "encode cast": with_conversion(False, lambda: quant.encode(x, bits)),
-            "decode trick": with_conversion(True, lambda: enc.decode()),
-            "decode cast": with_conversion(False, lambda: enc.decode()),
-        }
-        if torch is not None:
-            tq = torch_eager_quantize(xt, bits)
-            cands["torch encode"] = lambda: torch_eager_quantize(xt, bits)
-            cands["torch decode"] = lambda: torch_eager_dequantize(*tq, bits)
-        if bnbf is not None and bits == 8:
-            bq = bnbf.quantize_blockwise(xt, blocksize=256)
-            cands["bnb encode"] = lambda: bnbf.quantize_blockwise(xt, blocksize=256)
-            cands["bnb decode"] = lambda: bnbf.dequantize_blockwise(*bq)
-        with memory_regime(regime):
-            t = time_interleaved(cands, rounds=rounds)
-        row = {
-            "memory": regime, "bits": bits, "ratio": enc.ratio, "nbytes": enc.nbytes,
-            "encode_vs_copy": t["encode"] / t["copy"], "decode_vs_copy": t["decode"] / t["copy"],
-            "trick_vs_cast_encode": t["encode trick"] / t["encode cast"],
-            "trick_vs_cast_decode": t["decode trick"] / t["decode cast"],
-        }
-        if torch is not None:
-            row["encode_speedup_vs_torch"] = t["torch encode"] / t["encode"]
-            row["decode_speedup_vs_torch"] = t["torch decode"] / t["decode"]
-        if "bnb encode" in t:
-            row["encode_speedup_vs_bnb"] = t["bnb encode"] / t["encode"]
-            row["decode_speedup_vs_bnb"] = t["bnb decode"] / t["decode"]
-        rows.append(row)
-    return rows
+    def pack(codes, bits):
+        return mod.pack_cpu(codes, bits)
 
+    def unpack(packed, bits):
+        return mod.unpack_cpu(packed, bits)
 
-def format_quant_report(rows: list[dict], mib: int, threads: int, path: str, trick: bool) -> str:
-    fmt = lambda r, k: f"{r[k]:.1f}x faster" if k in r else "-"  # noqa: E731
-    lines = [
-        f"k-bit quantization, {mib} MiB float32, group 256, nearest, {threads} threads, {path} "
-        f"path, {'bit-trick' if trick else 'cast'} conversion by default",
-        "",
-        "| memory | bits | size ratio | encode / copy | decode / copy | encode vs torch eager | "
-        "decode vs torch eager | encode vs bitsandbytes | decode vs bitsandbytes | "
-        "trick / cast (enc, dec) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['memory']} | {r['bits']} | {r['ratio']:.2f}x | {r['encode_vs_copy']:.2f} | "
-            f"{r['decode_vs_copy']:.2f} | {fmt(r, 'encode_speedup_vs_torch')} | "
-            f"{fmt(r, 'decode_speedup_vs_torch')} | {fmt(r, 'encode_speedup_vs_bnb')} | "
-            f"{fmt(r, 'decode_speedup_vs_bnb')} | {r['trick_vs_cast_encode']:.2f}, "
-            f"{r['trick_vs_cast_decode']:.2f} |")
-    return "\n".join(lines)
+    try:  # a self-check: the comparison means nothing if the round trip is wrong
+        for bits in (1, 2, 4):
+            codes = torch.arange(64, dtype=torch.uint8) % (1 << bits)
+            if not torch.equal(unpack(pack(codes, bits), bits), codes):
+                raise ValueError(f"{bits}-bit pack/unpack round trip differs")
+    except Exception as exc:
+        return SimpleNamespace(ok=False, status=f"{version}, incompatible ({type(exc).__name__}: "
+                                                f"{exc})")
+    return SimpleNamespace(ok=True, status=f"{version} ({name}.pack_cpu/unpack_cpu)",
+                           version=version, pack=pack, unpack=unpack)

@@ -1,5 +1,5 @@
-"""pytest-benchmark suite for the sparse bitmap codec: 64 MiB float32 at 10/50/90% zeros,
-beside a 2-thread copy of the same array and the numpy reference. Run:
+"""pytest-benchmark suite for the sparse bitmap codec: 64 MiB float32 and float16 at 10/50/90%
+zeros, beside a 2-thread copy of the same array and the numpy reference. Run:
     pytest bench/test_bench_bitmap.py --benchmark-group-by=param:case
 The README's ratios come from `python -m actcodec bench` (interleaved rounds, one run)."""
 import numpy as np
@@ -10,11 +10,13 @@ from actcodec import benchmark as acbench
 
 MIB = 64
 ZEROS = [0.1, 0.5, 0.9]
+CASES = [(dt, z) for dt in ("float32", "float16") for z in ZEROS]
 
 
-@pytest.fixture(scope="module", params=ZEROS, ids=[f"{z:.0%}-zeros" for z in ZEROS])
+@pytest.fixture(scope="module", params=CASES, ids=[f"{dt}-{z:.0%}-zeros" for dt, z in CASES])
 def case(request):
-    x = acbench.relu_like(MIB << 20, request.param)
+    dtype, zeros = request.param
+    x = acbench.relu_like(MIB << 20, zeros, dtype=dtype)
     return x, actcodec.bitmap.encode(x), acbench.numpy_bitmap_encode(x)
 
 
@@ -30,4 +32,4 @@ def test_bitmap(benchmark, case, op):
     }[op]
     result = benchmark(fn)
     if op in ("decode", "numpy_decode"):
-        assert np.array_equal(result.view(np.uint32), x.view(np.uint32))
+        assert np.array_equal(result.view(values.dtype), x.view(values.dtype))

@@ -1,8 +1,9 @@
-"""pytest-benchmark suite for k-bit quantization: 64 MiB float32, group 256, 2 threads, beside a
-2-thread copy, eager torch and bitsandbytes (8-bit blockwise) where installed. Run:
+"""pytest-benchmark suite for k-bit quantization: 64 MiB float32 and float16, group 256,
+2 threads, beside a 2-thread copy, eager torch, bitsandbytes (8-bit blockwise) and torchao's bit
+packing (1/2/4-bit codes, one per byte, packed and unpacked: no quantization) where installed.
+Run:
     pytest bench/test_bench_quant.py --benchmark-group-by=param:bits
 The README's ratios come from `python -m actcodec bench` (interleaved rounds, one run)."""
-import numpy as np
 import pytest
 
 import actcodec
@@ -11,9 +12,14 @@ from actcodec import benchmark as acbench
 MIB = 64
 
 
+@pytest.fixture(scope="module", params=["float32", "float16"])
+def dtype(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def x():
-    return np.random.default_rng(0).standard_normal((MIB << 20) // 4, dtype=np.float32)
+def x(dtype):
+    return acbench.normal(MIB << 20, dtype)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +33,8 @@ def xt(x):
 @pytest.mark.parametrize("op", ["copy", "encode", "decode"])
 def test_actcodec(benchmark, x, bits, op):
     enc = actcodec.quant.encode(x, bits)
-    fn = {"copy": lambda: acbench.threaded_copy(x), "encode": lambda: actcodec.quant.encode(x, bits),
-          "decode": enc.decode}[op]
+    fn = {"copy": lambda: acbench.threaded_copy(x),
+          "encode": lambda: actcodec.quant.encode(x, bits), "decode": enc.decode}[op]
     benchmark(fn)
 
 
@@ -44,8 +50,27 @@ def test_torch_eager(benchmark, xt, bits, op):
 @pytest.mark.parametrize("bits", [8])
 @pytest.mark.parametrize("op", ["encode", "decode"])
 def test_bitsandbytes(benchmark, xt, bits, op):
-    bnbf = pytest.importorskip("bitsandbytes.functional")  # optional baseline
+    bnbf = acbench.load_bitsandbytes()
+    if bnbf is None:
+        pytest.skip("bitsandbytes is not installed or does not load")  # optional baseline
     q = bnbf.quantize_blockwise(xt, blocksize=256)
     fn = {"encode": lambda: bnbf.quantize_blockwise(xt, blocksize=256),
           "decode": lambda: bnbf.dequantize_blockwise(*q)}[op]
     benchmark(fn)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+@pytest.mark.parametrize("op", ["pack", "unpack"])
+def test_torchao_packing(benchmark, xt, bits, op):
+    """torchao packs codes it is given: x.size codes of `bits` bits, one per byte."""
+    import torch
+
+    ta = acbench.load_torchao()
+    if not ta.ok:
+        pytest.skip(f"torchao: {ta.status}")  # optional baseline
+    codes = torch.randint(0, 1 << bits, (xt.numel(),), dtype=torch.uint8)
+    packed = ta.pack(codes, bits)
+    fn = {"pack": lambda: ta.pack(codes, bits), "unpack": lambda: ta.unpack(packed, bits)}[op]
+    result = benchmark(fn)
+    if op == "unpack":
+        assert torch.equal(result, codes)

@@ -12,11 +12,14 @@ import numba
 import numpy as np
 
 
-def reduce_report(mib: int = 64, rounds: int = 9, threads: int = 2) -> list[dict]:
-    """One row per strategy for a `mib` MiB float32 array on `threads` threads: median time
-    over interleaved rounds, and throughput ratios against torch.aminmax (if torch is
-    installed) and numpy's min() + max() of the same array (> 1: faster)."""
-    from actcodec.benchmark import time_interleaved
+def reduce_report(mib: int = 64, rounds: int = 9, threads: int = 2,
+                  dtype: str = "float32") -> list[dict]:
+    """One row per strategy for a `mib` MiB array of `dtype` (float16/32/64) on `threads`
+    threads: median time over interleaved rounds, and throughput ratios against torch.aminmax
+    (if torch is installed), numpy's min() + max() of the same array and a threaded copy of
+    it (> 1: faster). numpy's float16 min/max is scalar code: seconds per round at 64 MiB."""
+    from actcodec import _dtypes
+    from actcodec.benchmark import threaded_copy, time_interleaved
 
     from . import STRATEGIES, minmax, strategy_for
 
@@ -30,7 +33,8 @@ def reduce_report(mib: int = 64, rounds: int = 9, threads: int = 2) -> list[dict
     if torch is not None:
         torch.set_num_threads(threads)
     try:
-        x = np.random.default_rng(0).standard_normal((mib << 20) // 4, dtype=np.float32)
+        x = np.random.default_rng(0).standard_normal(
+            (mib << 20) // np.dtype(dtype).itemsize, dtype=np.float32).astype(dtype, copy=False)
         picked = strategy_for(x)  # profiles now if needed, outside the timed rounds
         want = (float(x.min()), float(x.max()))
         for s in STRATEGIES:
@@ -41,7 +45,9 @@ def reduce_report(mib: int = 64, rounds: int = 9, threads: int = 2) -> list[dict
         candidates["numpy"] = lambda: (x.min(), x.max())
         # The C pass the quantizer's per-tensor mode runs (csrc/quant.c), for the comparison.
         from actcodec import _ext
-        candidates["C"] = lambda: _ext.minmax(x.view(np.uint8), 3, 4)
+        wire_id, esize, _ = _dtypes.DTYPES[x.dtype.name]
+        candidates["C"] = lambda: _ext.minmax(x.view(np.uint8), wire_id, esize)
+        candidates["copy"] = lambda: threaded_copy(x)
         if torch is not None:
             t = torch.from_numpy(x)
             candidates["torch"] = lambda: torch.aminmax(t)
@@ -56,7 +62,8 @@ def reduce_report(mib: int = 64, rounds: int = 9, threads: int = 2) -> list[dict
         label = {"auto": f"auto ({picked})", "C": "C core (quant per-tensor pass)"}.get(s, s)
         rows.append({
             "strategy": label, "ms": sec * 1e3,
-            "GBs": x.nbytes / sec / 1e9, "threads": threads, "mib": mib,
+            "GBs": x.nbytes / sec / 1e9, "threads": threads, "mib": mib, "dtype": x.dtype.name,
+            "vs_copy": times["copy"] / sec, "copy_ms": times["copy"] * 1e3,
             "vs_torch": times["torch"] / sec if torch is not None else None,
             "vs_numpy": times["numpy"] / sec,
             "torch_ms": times["torch"] * 1e3 if torch is not None else None,
@@ -68,8 +75,8 @@ def reduce_report(mib: int = 64, rounds: int = 9, threads: int = 2) -> list[dict
 def format_reduce_report(rows: list[dict]) -> str:
     r0 = rows[0]
     lines = [
-        f"min/max of {r0['mib']} MiB float32, {r0['threads']} threads (medians of interleaved "
-        f"rounds; throughput ratios, > 1 is faster). torch.aminmax: "
+        f"min/max of {r0['mib']} MiB {r0.get('dtype', 'float32')}, {r0['threads']} threads "
+        f"(medians of interleaved rounds; throughput ratios, > 1 is faster). torch.aminmax: "
         + (f"{r0['torch_ms']:.2f} ms" if r0["torch_ms"] is not None else "not installed")
         + f", numpy min()+max(): {r0['numpy_ms']:.2f} ms",
         "",
