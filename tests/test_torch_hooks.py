@@ -212,6 +212,8 @@ def test_checkpoint_inside_the_context():
 
 # --- policies: measured gradient quality and size on four models ---------------------------
 
+import functools  # noqa: E402
+
 from actcodec.torch import Policy  # noqa: E402
 from actcodec.torch.models import ResNet18, ViT  # noqa: E402
 
@@ -250,25 +252,31 @@ def cosines(ref, got):
 # (preset, model) -> (whole, worst parameter) lower bounds. Measured with nearest rounding
 # (whole / worst): 8bit cnn .99998/.9996, transformer .99999/.99998, resnet18 .99977/.9961,
 # vit .99994/.9989; 4bit .9994/.991, .9976/.991, .983/.832, .987/.975; 2bit .839/.22,
-# .958/.864, .625/.23, .731/.49. Bounds sit a little under the measurements; 2-bit gradients
+# .958/.864, .612/.23, .731/.49. Bounds sit a little under the measurements; 2-bit gradients
 # are noisy per step by design (training still converges: see the demo).
 BOUNDS = {
     "8bit": {m: (0.999, 0.99) for m in QUALITY_MODELS},
     "4bit": {"cnn": (0.998, 0.98), "transformer": (0.995, 0.98),
              "resnet18": (0.97, 0.75), "vit": (0.98, 0.95)},
     "2bit": {"cnn": (0.75, 0.0), "transformer": (0.93, 0.8),
-             "resnet18": (0.5, 0.0), "vit": (0.65, 0.35)},
+             "resnet18": (0.55, 0.15), "vit": (0.65, 0.35)},
 }
+
+
+@functools.lru_cache(maxsize=None)
+def quality_case(name):
+    """(model, x, y, exact gradients), built once per model for all presets."""
+    make, inputs = QUALITY_MODELS[name]
+    torch.manual_seed(0)
+    model = make()
+    x, y = inputs()
+    return model, x, y, named_grads(model, x, y)
 
 
 @pytest.mark.parametrize("preset", list(BOUNDS))
 @pytest.mark.parametrize("name", list(QUALITY_MODELS))
 def test_preset_gradient_quality(preset, name):
-    make, inputs = QUALITY_MODELS[name]
-    torch.manual_seed(0)
-    model = make()
-    x, y = inputs()
-    ref = named_grads(model, x, y)
+    model, x, y, ref = quality_case(name)
     ctx = compress_saved(Policy.preset(preset, min_bytes=0), model=model)
     whole, worst = cosines(ref, named_grads(model, x, y, ctx))
     lo_whole, lo_worst = BOUNDS[preset][name]

@@ -12,10 +12,10 @@ Needs torch (``pip install actcodec[torch]``).
 from .accounting import Accounting, record
 from .bridge import decode_tensor, encode_tensor, tensor_array
 from .hooks import compress_saved
-from .packing import Packed, Setting
+from .packing import Packed, Setting, set_codec_threads
 from .policy import Policy
 
 SavedStats = Accounting  # the name earlier versions used
 
 __all__ = ["Accounting", "Packed", "Policy", "SavedStats", "Setting", "compress_saved",
-           "decode_tensor", "encode_tensor", "record", "tensor_array"]
+           "decode_tensor", "encode_tensor", "record", "set_codec_threads", "tensor_array"]

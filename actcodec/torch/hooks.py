@@ -1,8 +1,9 @@
 """A context that compresses every activation autograd saves, for any model, through the
 public `torch.autograd.graph.saved_tensors_hooks`.
 
-Kept as they are: parameters (leaf tensors that require grad), integer tensors, and tensors
-smaller than the policy's `min_bytes`. bool tensors and float tensors whose nonzero elements
+Kept as they are: parameters (leaf tensors that require grad) and tensors smaller than the
+policy's `min_bytes`. Integer tensors (max-pool indices) are stored exactly in the smallest
+integer type that holds their values. bool tensors and float tensors whose nonzero elements
 all have one value (CPU dropout's scaled masks, 0/1 masks) are stored at 1 bit per element plus
 that value, exactly. A tensor saved by several ops (same storage, offset, shape, strides and
 version) is encoded once, with the setting of the first op that saved it; the encoding is
@@ -105,7 +106,7 @@ class compress_saved:
 
     def _pack(self, t: torch.Tensor):
         if ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)
-                or not (t.is_floating_point() or t.dtype == torch.bool)):
+                or t.is_complex()):
             self.stats.kept += 1
             return t
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
@@ -119,7 +120,7 @@ class compress_saved:
                 return packed
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, t.numel() * t.element_size())
-        if setting.codec == "keep" or t.device.type != "cpu":
+        if setting.codec == "keep":
             self.stats.kept += 1
             return t
         t0 = time.perf_counter()

@@ -5,6 +5,8 @@ Kinds:
 - "encoded": an actcodec encoding (raw, bitmap, quant, bitmap_quant) of a float tensor;
 - "mask": a tensor whose nonzero elements all have one bit pattern (0/1 masks, CPU dropout's
   scaled masks, bool tensors): a bitmap plus that one value, exact at 1 bit per element;
+- "narrow": an integer tensor stored in the smallest integer type that holds its values
+  (max-pool indices: int64 positions within a plane fit int16), exact;
 - "kept": the tensor itself, uncompressed (the policy said so, or nothing smaller exists).
 
 The payload tensors share memory with the codec's output buffers (no copy), so a Function can
@@ -20,6 +22,32 @@ import torch
 
 from .. import _ext, auto, bitmap, bitmap_quant, container, quant
 from . import bridge
+
+# Codec threads inside training. torch runs its ops on its own OpenMP pool, whose workers
+# spin between ops; a second OpenMP runtime's workers then fight them for the same cores
+# (measured: 10x slower codec calls inside a ResNet-18 step). One thread per call, on the
+# thread autograd already runs on, is the default; set_codec_threads(n) changes it.
+_CODEC_THREADS = [1]
+
+
+def set_codec_threads(n: int | None) -> None:
+    """Threads the torch adapters give each codec call (None: the library's setting)."""
+    if n is not None and n < 1:
+        raise ValueError(f"codec threads must be >= 1 or None, got {n}")
+    _CODEC_THREADS[0] = n
+
+
+class _threads:
+    """Run a block with the adapters' codec thread count, then restore the library's."""
+
+    def __enter__(self):
+        self.saved = _ext.get_num_threads()
+        if _CODEC_THREADS[0] is not None:
+            _ext.set_num_threads(_CODEC_THREADS[0])
+
+    def __exit__(self, *exc):
+        _ext.set_num_threads(self.saved)
+
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NP_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -86,7 +114,8 @@ class Packed:
 
     def unpack(self) -> torch.Tensor:
         t0 = time.perf_counter()
-        out = self._unpack()
+        with _threads():
+            out = self._unpack()
         if self.on_decode is not None:
             self.on_decode(time.perf_counter() - t0)
         return out
@@ -97,6 +126,8 @@ class Packed:
             return self.payload[0]
         if m.kind == "mask":
             return _unpack_mask(m, self.payload)
+        if m.kind == "narrow":
+            return self.payload[0].to(m.dtype)
         bufs = tuple(p.numpy().view(dt) for p, dt in zip(self.payload, m.buffer_dtypes))
         enc = container.Encoded(m.codec, m.encoded_dtype, m.shape, m.params, bufs)
         out = bridge.decode_tensor(enc)
@@ -111,9 +142,16 @@ def _as_payload(buffers) -> tuple[tuple, tuple]:
 
 
 def pack(t: torch.Tensor, setting: Setting) -> Packed:
-    """Compress `t` as `setting` says. Tensors no codec can take (integers, other devices
-    until their path exists) and `codec="keep"` come back as kind "kept"."""
+    """Compress `t` as `setting` says. Tensors no codec can take (other devices until their
+    path exists, integers that do not narrow) and `codec="keep"` come back as kind "kept"."""
+    with _threads():
+        return _pack(t, setting)
+
+
+def _pack(t: torch.Tensor, setting: Setting) -> Packed:
     nbytes = t.numel() * t.element_size()
+    if setting.codec != "keep" and t.dtype in _NARROWER:
+        return _narrow(t, nbytes)
     if (setting.codec == "keep" or t.device.type != "cpu"
             or (t.dtype not in FLOATS and t.dtype != torch.bool)):
         return Packed(Meta("kept", "keep", t.dtype, tuple(t.shape), original_nbytes=nbytes), (t,))
@@ -143,6 +181,23 @@ def pack(t: torch.Tensor, setting: Setting) -> Packed:
     payload, dtypes = _as_payload(enc.buffers)
     meta = Meta("encoded", enc.codec, t.dtype, shape, enc.params, enc.dtype, dtypes, nbytes)
     return Packed(meta, payload)
+
+
+_NARROWER = {torch.int64: (torch.int8, torch.int16, torch.int32),
+             torch.int32: (torch.int8, torch.int16), torch.int16: (torch.int8,)}
+
+
+def _narrow(t, nbytes) -> Packed:
+    """The smallest integer type holding every value (works on any device)."""
+    shape = tuple(t.shape)
+    if t.numel():
+        lo, hi = (int(v) for v in torch.aminmax(t))
+        for small in _NARROWER[t.dtype]:
+            info = torch.iinfo(small)
+            if info.min <= lo and hi <= info.max:
+                return Packed(Meta("narrow", f"int{info.bits}", t.dtype, shape,
+                                   original_nbytes=nbytes), (t.to(small),))
+    return Packed(Meta("kept", "keep", t.dtype, shape, original_nbytes=nbytes), (t,))
 
 
 def _quant_params(s: Setting) -> dict:
