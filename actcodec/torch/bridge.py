@@ -1,11 +1,13 @@
 """Zero-copy bridge between CPU tensors and the codecs: the codec reads the tensor's memory
-through a numpy view, and decoding writes straight into a new tensor's memory."""
+through a numpy view, and decoding writes straight into a new tensor's memory. Tensors on other
+devices go through the torch implementation in `device` (same format, computed on the device)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from .. import auto, container
+from . import device
 
 _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
@@ -28,14 +30,23 @@ def tensor_array(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
     return t.numpy(), None
 
 
-def encode_tensor(t: torch.Tensor, codec: str = "auto", **params) -> container.Encoded:
-    """Encode a CPU tensor with a named codec (or "auto"); params as for actcodec.encode."""
+def encode_tensor(t: torch.Tensor, codec: str = "auto",
+                  **params) -> container.Encoded | device.DeviceEncoded:
+    """Encode a tensor with a named codec (or "auto"); params as for actcodec.encode. CPU
+    tensors give a container.Encoded; tensors on other devices a device.DeviceEncoded whose
+    buffers stay on that device."""
+    if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+        return device.encode(t, codec, **params)
     arr, tag = tensor_array(t)
     return auto.encode(arr, codec, dtype=tag, **params)
 
 
-def decode_tensor(enc: container.Encoded, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Decode into a new CPU tensor of the encoded dtype (or float32 for quantized codecs)."""
+def decode_tensor(enc: container.Encoded | device.DeviceEncoded,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Decode into a new tensor of the encoded dtype (or float32 for quantized codecs): on the
+    CPU for a container.Encoded, on the buffers' device for a device.DeviceEncoded."""
+    if isinstance(enc, device.DeviceEncoded):
+        return device.decode(enc, dtype)
     name = enc.dtype if dtype is None else next(k for k, v in _TORCH.items() if v == dtype)
     out = torch.empty(enc.shape, dtype=_TORCH[name])
     view = out.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else out.numpy()
