@@ -339,3 +339,36 @@ def test_accounting_table_per_layer():
     assert "total" in table and "1" in {r.layer for r in ctx.stats.rows.values()}
     assert ctx.stats.decode_seconds > 0
     assert ctx.stats.compressed_bytes == sum(r.compressed_bytes for r in ctx.stats.rows.values())
+
+
+def test_device_path_matches_the_c_path(monkeypatch):
+    """Tensors on other devices are packed with torch ops on that device; forced on CPU here,
+    the payload bytes and the gradients equal those of the C path."""
+    from actcodec.torch import packing
+    for setting in (packing.Setting(bits=None), packing.Setting(bits=8),
+                    packing.Setting(bits=2, group_size=64, rounding="stochastic", seed=5)):
+        t = torch.relu(torch.randn(3000)) - 0.1 * (torch.rand(3000) < 0.1)
+        c_path = packing.pack(t, setting)
+        dev = packing._pack_device(t, setting, tuple(t.shape), t.numel() * 4)
+        assert dev.meta.kind == "device" and dev.codec == c_path.codec
+        assert [bytes(p.numpy()) for p in dev.payload] == [bytes(p.numpy())
+                                                           for p in c_path.payload]
+        assert torch.equal(dev.unpack(), c_path.unpack())
+    from actcodec.torch import device
+    mask = torch.rand(1001) < 0.5
+    packed = device.packbits(mask)
+    assert bytes(packed.numpy()) == bytes(np.packbits(mask.numpy(), bitorder="little"))
+    assert torch.equal(device.unpackbits(packed, mask.numel()), mask)
+
+    model, x = cnn(), torch.randn(8, 3, 32, 32)
+    expected = grads(model, x, compress_saved(bits=8, min_bytes=0))
+    real = packing._pack
+
+    def device_pack(t, setting):  # every float tensor through the device path
+        if t.is_floating_point() and setting.codec != "keep":
+            return packing._pack_device(t, setting, tuple(t.shape), t.numel() * t.element_size())
+        return real(t, setting)
+    monkeypatch.setattr(packing, "_pack", device_pack)
+    ctx = compress_saved(bits=8, min_bytes=0)
+    assert torch.equal(grads(model, x, ctx), expected)
+    assert ctx.stats.tensors > 0

@@ -47,7 +47,10 @@ def decode_tensor(enc: container.Encoded | device.DeviceEncoded,
     CPU for a container.Encoded, on the buffers' device for a device.DeviceEncoded."""
     if isinstance(enc, device.DeviceEncoded):
         return device.decode(enc, dtype)
-    name = enc.dtype if dtype is None else next(k for k, v in _TORCH.items() if v == dtype)
+    names = {v: k for k, v in _TORCH.items()}
+    if dtype is not None and dtype not in names:
+        raise TypeError(f"cannot decode to {dtype}; choose one of {', '.join(map(str, names))}")
+    name = enc.dtype if dtype is None else names[dtype]
     out = torch.empty(enc.shape, dtype=_TORCH[name])
     view = out.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else out.numpy()
     enc.decode(out=view, dtype=name)

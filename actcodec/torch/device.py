@@ -487,3 +487,8 @@ def _escape_bits(vals: torch.Tensor, name: str, out_name: str) -> torch.Tensor:
         out = torch.where(is_nan, by_bits, cast & _M32)
     # uint32 values into int32 bit patterns without relying on overflowing casts
     return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
+
+
+# Bit-packing of bool masks on the device (the hooks' and Functions' 1-bit masks).
+packbits = _packbits
+unpackbits = _unpackbits

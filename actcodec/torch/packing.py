@@ -5,6 +5,8 @@ Kinds:
 - "encoded": an actcodec encoding (raw, bitmap, quant, bitmap_quant) of a float tensor;
 - "mask": a tensor whose nonzero elements all have one bit pattern (0/1 masks, CPU dropout's
   scaled masks, bool tensors): a bitmap plus that one value, exact at 1 bit per element;
+- "device": the same encoding made with torch ops on a non-CPU tensor's own device
+  (actcodec.torch.device), its payload staying on that device;
 - "narrow": an integer tensor stored in the smallest integer type that holds its values
   (max-pool indices: int64 positions within a plane fit int16), exact;
 - "kept": the tensor itself, uncompressed (the policy said so, or nothing smaller exists).
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import _ext, auto, bitmap, bitmap_quant, container, quant
-from . import bridge
+from . import bridge, device
 
 # Codec threads inside training. torch runs its ops on its own OpenMP pool, whose workers
 # spin between ops; a second OpenMP runtime's workers then fight them for the same cores
@@ -128,6 +130,11 @@ class Packed:
             return _unpack_mask(m, self.payload)
         if m.kind == "narrow":
             return self.payload[0].to(m.dtype)
+        if m.kind == "device":
+            enc = device.DeviceEncoded(m.codec, m.encoded_dtype, m.shape, m.params,
+                                       self.payload)
+            out = device.decode(enc)
+            return out if out.dtype == m.dtype else out.to(m.dtype)
         bufs = tuple(p.numpy().view(dt) for p, dt in zip(self.payload, m.buffer_dtypes))
         enc = container.Encoded(m.codec, m.encoded_dtype, m.shape, m.params, bufs)
         out = bridge.decode_tensor(enc)
@@ -152,10 +159,11 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
     nbytes = t.numel() * t.element_size()
     if setting.codec != "keep" and t.dtype in _NARROWER:
         return _narrow(t, nbytes)
-    if (setting.codec == "keep" or t.device.type != "cpu"
-            or (t.dtype not in FLOATS and t.dtype != torch.bool)):
+    if setting.codec == "keep" or (t.dtype not in FLOATS and t.dtype != torch.bool):
         return Packed(Meta("kept", "keep", t.dtype, tuple(t.shape), original_nbytes=nbytes), (t,))
     shape = tuple(t.shape)
+    if t.device.type != "cpu":
+        return _pack_device(t, setting, shape, nbytes)
     if t.dtype == torch.bool:
         return _pack_bool(t, shape, nbytes)
     arr, tag = bridge.tensor_array(t)
@@ -200,12 +208,23 @@ def _narrow(t, nbytes) -> Packed:
     return Packed(Meta("kept", "keep", t.dtype, shape, original_nbytes=nbytes), (t,))
 
 
+def _pack_device(t, setting, shape, nbytes) -> Packed:
+    """Tensors on other devices: the same format, computed there with torch ops."""
+    if t.dtype == torch.bool:
+        return Packed(Meta("mask", "mask", t.dtype, shape, original_nbytes=nbytes),
+                      (device.packbits(t),))
+    enc = device.encode(t, setting.codec, **_codec_kwargs(setting))
+    meta = Meta("device", enc.codec, t.dtype, shape, enc.params, enc.dtype, (),
+                original_nbytes=nbytes)
+    return Packed(meta, enc.buffers)
+
+
 def _quant_params(s: Setting) -> dict:
     return quant.check_params(s.bits, s.group_size, s.rounding, "raise", s.seed % 2**64)
 
 
 def _codec_kwargs(s: Setting) -> dict:
-    if s.codec in ("raw", "bitmap"):
+    if s.codec in ("raw", "bitmap") or s.bits is None:
         return {}
     return {"bits": s.bits, "group_size": s.group_size, "rounding": s.rounding,
             "seed": s.seed % 2**64}
@@ -225,6 +244,8 @@ def _mask(bitmap_buf, value, dtype, shape, nbytes) -> Packed:
 
 def _unpack_mask(m: Meta, payload) -> torch.Tensor:
     n = int(np.prod(m.shape, dtype=np.int64))
+    if m.dtype == torch.bool and payload[0].device.type != "cpu":
+        return device.unpackbits(payload[0], n).view(m.shape)
     if m.dtype == torch.bool:
         bits = np.unpackbits(payload[0].numpy(), count=n, bitorder="little").view(bool)
         return torch.from_numpy(bits.reshape(m.shape))
@@ -240,8 +261,8 @@ def pack_mask(mask: torch.Tensor) -> Packed:
     if mask.dtype != torch.bool:
         raise TypeError(f"pack_mask needs a bool tensor, got {mask.dtype}")
     if mask.device.type != "cpu":
-        return Packed(Meta("kept", "keep", mask.dtype, tuple(mask.shape),
-                           original_nbytes=mask.numel()), (mask,))
+        return Packed(Meta("mask", "mask", mask.dtype, tuple(mask.shape),
+                           original_nbytes=mask.numel()), (device.packbits(mask),))
     return _pack_bool(mask, tuple(mask.shape), mask.numel())
 
 
