@@ -123,6 +123,7 @@ _COLORS = {"copy": "#7f7f7f", "numpy": "#1f77b4", "torch": "#ff7f0e",
 def _bars(ax, labels, series, title):
     """Grouped bars: series is {comparator: [speedup or None per label]}, log scale."""
     import numpy as np
+    from matplotlib.ticker import FuncFormatter
 
     names = [n for n, vals in series.items() if any(v is not None for v in vals)]
     width = 0.8 / max(len(names), 1)
@@ -133,6 +134,10 @@ def _bars(ax, labels, series, title):
                color=_COLORS.get(name))
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
+    ratio = FuncFormatter(lambda v, _: f"{v:g}x")
+    ax.yaxis.set_major_formatter(ratio)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}x" if f"{v:.0e}"[0] in "25"
+                                               else ""))
     ax.set_xticks(xs)
     ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
     ax.set_title(title, fontsize=10)
