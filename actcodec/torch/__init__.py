@@ -11,6 +11,7 @@ Needs torch (``pip install actcodec[torch]``).
 """
 from .accounting import Accounting, record
 from .bridge import decode_tensor, encode_tensor, tensor_array
+from .convert import convert, unconvert
 from .hooks import compress_saved
 from .packing import Packed, Setting, set_codec_threads
 from .policy import Policy
@@ -18,4 +19,5 @@ from .policy import Policy
 SavedStats = Accounting  # the name earlier versions used
 
 __all__ = ["Accounting", "Packed", "Policy", "SavedStats", "Setting", "compress_saved",
-           "decode_tensor", "encode_tensor", "record", "set_codec_threads", "tensor_array"]
+           "convert", "decode_tensor", "encode_tensor", "record", "set_codec_threads",
+           "tensor_array", "unconvert"]
