@@ -22,7 +22,8 @@ def setup():
     return model, x, y, opt, stepbench.configs(model)
 
 
-@pytest.mark.parametrize("config", ["fp32", "actcodec 8bit", "actcodec 2bit",
+@pytest.mark.parametrize("config", ["fp32", "actcodec 8bit", "actcodec 2bit", "convert 8bit",
+                                    "convert 2bit",
                                     "naive torch 8-bit", "naive torch 2-bit", "checkpoint"])
 def test_step(benchmark, setup, config):
     model, x, y, opt, configs = setup

@@ -1,5 +1,5 @@
 """One training step of a ResNet-18-style CNN under each way of storing activations: plain
-fp32, actcodec's policies through the hooks, the naive eager-torch quantizer through the same
+fp32, actcodec's policies through the hooks and through the module converter, the naive eager-torch quantizer through the same
 hooks, and torch.utils.checkpoint. Step times are medians of interleaved rounds on the same
 batch (ratios to fp32 are the claim); saved bytes are exact (unique storages autograd keeps).
 
@@ -8,6 +8,7 @@ batch (ratios to fp32 are the claim); saved bytes are exact (unique storages aut
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -16,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..benchmark import torch_eager_dequantize, torch_eager_quantize
+from .convert import convert
 from .hooks import compress_saved
 from .models import ResNet18
 from .policy import Policy
@@ -106,6 +108,9 @@ def configs(model):
         pol = Policy.preset(name)
         out[f"actcodec {name}"] = (model, lambda pol=pol: compress_saved(pol, model=model),
                                    "hooks")
+    for name in ("8bit", "2bit"):
+        converted = convert(copy.deepcopy(model), Policy.preset(name))
+        out[f"convert {name}"] = (converted, None, None)
     for bits in (8, 2):
         out[f"naive torch {bits}-bit"] = (model, lambda b=bits: _naive_ctx(b), naive_hooks(bits))
     out["checkpoint"] = (ckpt, None, None)
