@@ -99,6 +99,12 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from . import demo
+
+    return demo.main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actcodec")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,8 +123,12 @@ def main(argv=None) -> int:
                        choices=BENCH_REGIMES, help="memory regimes (default: both)")
     bench.add_argument("--out", default="actcodec-bench",
                        help="directory for bench.md and bench.png (default ./actcodec-bench)")
+    from . import demo  # its options only: torch and the rest are imported when it runs
+
+    demo.add_arguments(sub.add_parser("demo", help="train a small CNN on digits once per "
+                                      "storage of the saved activations; writes demo.md/png"))
     args = parser.parse_args(argv)
-    return {"info": cmd_info, "bench": cmd_bench}[args.command](args)
+    return {"info": cmd_info, "bench": cmd_bench, "demo": cmd_demo}[args.command](args)
 
 
 if __name__ == "__main__":

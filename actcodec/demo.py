@@ -1,0 +1,545 @@
+"""``python -m actcodec demo``: train a small CNN on scikit-learn's digits once per way of storing
+the saved activations, each in a fresh process, and compare accuracy, exact saved bytes, peak
+memory and step time.
+
+Configurations: ``fp32`` (plain PyTorch), the `Policy.preset` names (``lossless``, ``8bit``,
+``4bit``, ``2bit``, ``auto``, through `actcodec.torch.compress_saved`) and ``checkpoint``
+(non-reentrant `torch.utils.checkpoint` on every block, the memory alternative a user would pick
+instead). The parent process starts one worker per configuration (``python -m actcodec demo
+--worker NAME``), reads its JSON result and writes the table (printed and ``demo.md``), a plot
+(``demo.png``) and the raw results (``demo.json``) into ``--out``.
+
+How each number is measured:
+
+- saved MiB/step: the unique tensors autograd saves in one training step, parameters excluded.
+  fp32 and checkpoint: a counting-only ``saved_tensors_hooks`` pass after training sums the
+  storages of the unique saved tensors (inside a checkpointed block checkpoint's own hooks hold
+  nothing, so only what is saved outside the blocks counts). Compressed: ``SavedStats``'s exact
+  compressed bytes per step (mean over the steps) plus the bytes of the tensors the context kept
+  as they are (small ones, e.g. BatchNorm's statistics), taken from the same counting pass.
+- peak RSS: the process's lifetime high-water mark (VmHWM). Above floor: the floor is the RSS
+  once data, model and optimizer exist and a 2-image warm-up step on a throwaway copy of the
+  model has loaded the libraries' lazy state; then ``/proc/self/clear_refs`` resets VmHWM and
+  the peak of training is read after the last step. Where that reset is not possible the
+  lifetime peak (``ru_maxrss``) minus the floor is used and the table says so.
+- step ms: median wall time of one training step (forward, backward, optimizer).
+- allocator: by default the workers run with glibc's mmap threshold held at its initial
+  128 KiB (``MALLOC_MMAP_THRESHOLD_=131072``, ``--malloc release``), so each freed activation is
+  returned to the system and RSS follows live memory; the cost is fresh pages (page faults) for
+  every large tensor, in every configuration. glibc as it is (``--malloc default``) raises the
+  threshold once large blocks are freed and then serves them from a heap that keeps each step's
+  high-water mark and fragments: peak RSS then grows over the first steps and mostly measures
+  the allocator, not the saved bytes.
+- checkpoint: the recomputation in backward runs BatchNorm in training mode a second time, which
+  would update its running statistics twice per step; the demo restores them after backward, so
+  checkpoint trains exactly like fp32.
+- measured/computed: (peak above floor of fp32 - of the config) / (saved of fp32 - of the
+  config): the share of the saved bytes that shows up as lower peak memory; n/a for fp32 and
+  where the computed savings are under 1 MiB.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SPECIAL = ("fp32", "checkpoint")
+DEFAULT_CONFIGS = "fp32,lossless,8bit,4bit,2bit,auto,checkpoint"
+MiB = 2**20
+# Defaults and --quick; explicit options override either.
+FULL = {"width": 16, "batch_size": 128, "epochs": 12, "size": 32}
+QUICK = {"width": 4, "batch_size": 64, "epochs": 1, "size": 16}
+SEED = 0
+TEST_FRACTION = 0.5  # 899 test images: one image is 0.11 points
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help=f"comma-separated configurations (default: {DEFAULT_CONFIGS}); any "
+                        "Policy.preset name works besides fp32 and checkpoint")
+    p.add_argument("--width", type=int, help=f"channels of the first block (default {FULL['width']})")
+    p.add_argument("--batch-size", type=int, help=f"default {FULL['batch_size']}")
+    p.add_argument("--epochs", type=int, help=f"default {FULL['epochs']}")
+    p.add_argument("--size", type=int, help=f"image side after upsampling (default {FULL['size']})")
+    p.add_argument("--threads", type=int, default=0, help="threads for torch and actcodec "
+                   "(default: all cores)")
+    p.add_argument("--malloc", choices=("release", "default"), default="release",
+                   help="glibc's allocator in the workers: 'release' (default) holds its mmap "
+                        "threshold at 128 KiB (MALLOC_MMAP_THRESHOLD_=131072), so every freed "
+                        "activation goes back to the system and RSS follows live memory; "
+                        "'default' leaves glibc as it is (its heap then keeps each step's "
+                        "high-water mark and fragments, and peak RSS mostly measures that)")
+    p.add_argument("--out", default="actcodec-demo", help="output folder (default ./actcodec-demo)")
+    p.add_argument("--quick", action="store_true", help="a tiny run (seconds): width "
+                   f"{QUICK['width']}, batch {QUICK['batch_size']}, {QUICK['epochs']} epoch, "
+                   f"{QUICK['size']}x{QUICK['size']} images")
+    p.add_argument("--worker", help=argparse.SUPPRESS)   # run one configuration, in this process
+    p.add_argument("--result", help=argparse.SUPPRESS)   # where the worker writes its JSON
+    p.add_argument("--data", help=argparse.SUPPRESS)     # the parent's split of the digits
+
+
+def _require() -> None:
+    missing = []
+    for module, package in (("torch", "torch"), ("sklearn", "scikit-learn"),
+                            ("matplotlib", "matplotlib"), ("tqdm", "tqdm")):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        raise SystemExit(f"python -m actcodec demo needs {', '.join(missing)}: "
+                         f"pip install \"actcodec[demo]\" (from a checkout: pip install -e \".[demo]\")")
+
+
+def _settings(args) -> dict:
+    base = QUICK if args.quick else FULL
+    s = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}
+    s["threads"] = args.threads or os.cpu_count() or 1
+    s["malloc"] = getattr(args, "malloc", "release")
+    for k in ("width", "batch_size", "epochs", "size", "threads"):
+        if s[k] < 1:
+            raise SystemExit(f"--{k.replace('_', '-')} must be at least 1")
+    return s
+
+
+def _configs(text: str) -> list[str]:
+    from .torch import Policy
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if not names:
+        raise SystemExit("--configs is empty")
+    for name in names:
+        if name not in SPECIAL:
+            try:
+                Policy.preset(name)
+            except ValueError as e:
+                raise SystemExit(f"--configs: {e}; or fp32, checkpoint") from None
+    if len(set(names)) != len(names):
+        raise SystemExit("--configs: a configuration is listed twice")
+    return names
+
+
+def main(args) -> int:
+    _require()
+    if args.worker:
+        if not args.data:
+            raise SystemExit("--worker needs --data (the parent makes it)")
+        result = _worker(args.worker, _settings(args), args.data)
+        with open(args.result, "w") as f:
+            json.dump(result, f)
+        return 0
+    return _parent(args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory readings (Linux /proc; elsewhere ru_maxrss)
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _rss() -> int:
+    kib = _status_kib("VmRSS")
+    return kib * 1024 if kib is not None else _maxrss()
+
+
+def _maxrss() -> int:
+    kib = _status_kib("VmHWM")
+    if kib is not None:
+        return kib * 1024
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB elsewhere
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's high-water mark (Linux: VmHWM) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    hwm, rss = _status_kib("VmHWM"), _status_kib("VmRSS")
+    return hwm is not None and rss is not None and hwm <= rss + 1024  # it did reset
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker: one configuration, in a fresh process
+
+def _split_digits(path: str) -> None:
+    """The fixed split of scikit-learn's digits (8x8, 0..16), saved for the workers: the parent
+    makes it once, so no worker pays for importing scikit-learn."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()  # ships with scikit-learn: no download
+    x_train, x_test, y_train, y_test = train_test_split(
+        digits.images.astype(np.float32), digits.target.astype(np.int64),
+        test_size=TEST_FRACTION, random_state=SEED, stratify=digits.target)
+    np.savez(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+
+
+def _data(path: str, size: int):
+    """Train and test tensors: upsampled bilinearly to size x size, normalized with the train
+    set's mean and std."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    with np.load(path) as d:
+        arrays = {k: torch.from_numpy(d[k]) for k in d.files}
+
+    def images(x):
+        x = (x / 16.0).unsqueeze(1)
+        return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+
+    x_train, x_test = images(arrays["x_train"]), images(arrays["x_test"])
+    mean, std = x_train.mean(), x_train.std()
+    return (((x_train - mean) / std).contiguous(), arrays["y_train"],
+            ((x_test - mean) / std).contiguous(), arrays["y_test"])
+
+
+def _model(width: int, use_checkpoint: bool):
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    def unit(cin, cout, stride=1):
+        return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    class DemoCNN(nn.Module):
+        """A stem, four blocks of two conv-BN-ReLU units (two at full resolution, then 1/2 and
+        1/4 with twice and four times the channels) and a linear head."""
+
+        def __init__(self):
+            super().__init__()
+            w = width
+            self.stem = nn.Sequential(*unit(1, w))
+            self.blocks = nn.ModuleList([
+                nn.Sequential(*unit(w, w), *unit(w, w)),
+                nn.Sequential(*unit(w, w), *unit(w, w)),
+                nn.Sequential(*unit(w, 2 * w, 2), *unit(2 * w, 2 * w)),
+                nn.Sequential(*unit(2 * w, 4 * w, 2), *unit(4 * w, 4 * w)),
+            ])
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, 10))
+
+        def forward(self, x):
+            x = self.stem(x)
+            for block in self.blocks:
+                if use_checkpoint and torch.is_grad_enabled():
+                    x = checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = block(x)
+            return self.head(x)
+
+    torch.manual_seed(SEED)
+    return DemoCNN()
+
+
+class _CountSaved:
+    """A counting-only saved_tensors_hooks pass: the unique storages of the saved non-parameter
+    tensors (the rule compress_saved uses to skip parameters)."""
+
+    def __init__(self):
+        import torch
+
+        self.storages: dict = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        import torch
+
+        if not ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)):
+            s = t.untyped_storage()
+            if s.nbytes():
+                self.storages[(t.device.type, s.data_ptr())] = s.nbytes()
+        return t
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.storages.values())
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+
+def _worker(name: str, s: dict, data: str) -> dict:
+    import contextlib
+    import copy
+    import gc
+    import hashlib
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+    from tqdm import tqdm
+
+    import actcodec
+    from .torch import Policy, compress_saved
+
+    t_start = time.perf_counter()
+    torch.set_num_threads(s["threads"])
+    actcodec.set_num_threads(s["threads"])
+    policy = None if name in SPECIAL else Policy.preset(name)
+    recomputes = name == "checkpoint"
+
+    x_train, y_train, x_test, y_test = _data(data, s["size"])
+    model = _model(s["width"], use_checkpoint=(name == "checkpoint"))
+    batch = min(s["batch_size"], len(y_train))
+    steps_per_epoch = len(y_train) // batch  # drop the last partial batch: equal steps
+    total_steps = steps_per_epoch * s["epochs"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4,
+                          nesterov=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=total_steps,
+                                                pct_start=0.25)
+    gen = torch.Generator().manual_seed(SEED)  # the same batches in every configuration
+
+    def context(pol):
+        return contextlib.nullcontext() if pol is None else compress_saved(pol)
+
+    # Warm up the libraries' lazy state (thread pools, kernels) on a throwaway copy, so the
+    # floor is what the process holds before training; the real model is not touched.
+    warm = copy.deepcopy(model)
+    with context(None if policy is None else Policy.preset(name)):
+        loss = F.cross_entropy(warm(x_train[:2]), y_train[:2])
+    loss.backward()
+    del warm, loss
+    gc.collect()
+
+    floor = _rss()
+    lifetime_before = _maxrss()
+    reset = _reset_peak()
+
+    step_seconds, compressed, original, codecs = [], [], [], {}
+    losses = []
+    model.train()
+    bar = tqdm(total=total_steps, desc=f"{name:>10}", leave=False, disable=None, unit="step",
+               dynamic_ncols=True)
+    for _ in range(s["epochs"]):
+        order = torch.randperm(len(y_train), generator=gen)
+        for i in range(steps_per_epoch):
+            idx = order[i * batch:(i + 1) * batch]
+            xb, yb = x_train[idx], y_train[idx]
+            t0 = time.perf_counter()
+            ctx = context(policy)  # each entry is a new step of the policy
+            with ctx:
+                loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            if recomputes:
+                # The recomputation in backward runs BatchNorm in training mode a second time:
+                # keep the running statistics the forward left.
+                buffers = [b.clone() for b in model.buffers()]
+            loss.backward()
+            if recomputes:
+                with torch.no_grad():
+                    for b, kept in zip(model.buffers(), buffers):
+                        b.copy_(kept)
+            opt.step()
+            sched.step()
+            step_seconds.append(time.perf_counter() - t0)
+            if policy is not None:
+                compressed.append(ctx.stats.compressed_bytes)
+                original.append(ctx.stats.original_bytes)
+                for k, v in ctx.stats.codecs.items():
+                    codecs[k] = codecs.get(k, 0) + v
+            losses.append(loss.item())
+            del loss, ctx
+            bar.update()
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    bar.close()
+    train_seconds = time.perf_counter() - t_start
+    peak = _maxrss()
+    peak_process = max(peak, lifetime_before)
+
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(y_test), 256):
+            correct += int((model(x_test[i:i + 256]).argmax(1) == y_test[i:i + 256]).sum())
+    accuracy = correct / len(y_test)
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().numpy().tobytes())
+
+    # The counting pass (after everything measured: it runs BatchNorm in training mode).
+    model.train()
+    with _CountSaved() as counted:
+        out = model(x_train[:batch].clone())  # a batch of its own, as in training
+    del out
+    if policy is None:
+        saved = saved_min = saved_max = counted.nbytes
+        kept = 0
+    else:
+        kept = max(0, counted.nbytes - statistics.mean(original))
+        saved = statistics.mean(compressed) + kept
+        saved_min, saved_max = min(compressed) + kept, max(compressed) + kept
+
+    return {
+        "config": name, "settings": s, "test_accuracy": accuracy, "test_images": len(y_test),
+        "train_images": len(y_train), "steps": total_steps, "final_loss": losses[-1],
+        "saved_bytes": saved, "saved_bytes_min": saved_min, "saved_bytes_max": saved_max,
+        "counted_bytes": counted.nbytes, "kept_bytes": kept,
+        "original_bytes": statistics.mean(original) if original else None,
+        "compressed_bytes": statistics.mean(compressed) if compressed else None,
+        "codecs": codecs, "floor_rss": floor, "peak_rss": peak_process,
+        "peak_above_floor": peak - floor, "peak_reset": reset,
+        "step_ms": statistics.median(step_seconds) * 1e3, "seconds": train_seconds,
+        "weights_sha256": digest.hexdigest(), "torch": torch.__version__,
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "actcodec": actcodec.__version__,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: one fresh process per configuration, then the table and the plot
+
+def _run_worker(name: str, s: dict, tmp: str) -> dict:
+    path = os.path.join(tmp, f"{name}.json")
+    cmd = [sys.executable, "-m", "actcodec", "demo", "--worker", name, "--result", path,
+           "--data", os.path.join(tmp, "digits.npz"),
+           "--width", str(s["width"]), "--batch-size", str(s["batch_size"]),
+           "--epochs", str(s["epochs"]), "--size", str(s["size"]),
+           "--threads", str(s["threads"])]
+    env = dict(os.environ)
+    if s["malloc"] == "release":
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")  # glibc reads it at start-up
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {name} worker failed (exit {proc.returncode}): {' '.join(cmd)}")
+    with open(path) as f:
+        result = json.load(f)
+    result["process_seconds"] = time.perf_counter() - t0
+    return result
+
+
+def _ratio(r: dict, base: dict | None) -> float | None:
+    if base is None or r is base:
+        return None
+    computed = base["saved_bytes"] - r["saved_bytes"]
+    if abs(computed) < MiB:
+        return None
+    return (base["peak_above_floor"] - r["peak_above_floor"]) / computed
+
+
+def format_table(results: list[dict]) -> str:
+    base = next((r for r in results if r["config"] == "fp32"), None)
+    head = ["config", "test acc", "vs fp32", "saved MiB/step", "saved vs fp32", "peak RSS MiB",
+            "peak above floor MiB", "step ms", "measured/computed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        ratio = _ratio(r, base)
+        gap = "-" if base is None or r is base else \
+            f"{(r['test_accuracy'] - base['test_accuracy']) * 100:+.2f} pts"
+        rel = "-" if base is None or r is base else f"{r['saved_bytes'] / base['saved_bytes']:.2f}x"
+        cells = [r["config"], f"{r['test_accuracy'] * 100:.2f}%", gap,
+                 f"{r['saved_bytes'] / MiB:.1f}", rel, f"{r['peak_rss'] / MiB:.0f}",
+                 f"{r['peak_above_floor'] / MiB:.0f}", f"{r['step_ms']:.0f}",
+                 "n/a" if ratio is None else f"{ratio:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _notes(results: list[dict], s: dict, total: float) -> str:
+    r0 = results[0]
+    base = next((r for r in results if r["config"] == "fp32"), None)
+    same = [r["config"] for r in results
+            if base is not None and r is not base and r["weights_sha256"] == base["weights_sha256"]]
+    lines = [
+        f"Digits (scikit-learn), {r0['train_images']} train / {r0['test_images']} test images "
+        f"upsampled to {s['size']}x{s['size']}; CNN width {s['width']}, batch {s['batch_size']}, "
+        f"{s['epochs']} epochs ({r0['steps']} steps), {s['threads']} threads, seed {SEED}; "
+        f"every configuration in its own fresh process. torch {r0['torch']}, actcodec "
+        f"{r0['actcodec']}. Total run time {total:.0f} s.",
+    ]
+    if same:
+        lines.append(f"Final weights bit-identical to fp32: {', '.join(same)}.")
+    if s["malloc"] == "release":
+        lines.append("Allocator: MALLOC_MMAP_THRESHOLD_=131072 (glibc's initial threshold, held "
+                     "fixed), so freed activations return to the system and RSS follows live "
+                     "memory; --malloc default leaves glibc as it is.")
+    else:
+        lines.append("Allocator: glibc as it is (--malloc default): its heap keeps each step's "
+                     "high-water mark, so peak RSS measures the allocator as much as the saved "
+                     "bytes.")
+    if not all(r["peak_reset"] for r in results):
+        lines.append("The kernel's peak-RSS reset (/proc/self/clear_refs) was not available: "
+                     "'above floor' is the lifetime peak minus the floor.")
+    lines.append(
+        "saved MiB/step: unique saved non-parameter tensors per step (compressed: SavedStats' "
+        "exact bytes, mean over steps, plus the tensors kept as they are; fp32 and checkpoint: "
+        "a counting-only saved_tensors_hooks pass). Floor: RSS with data, model and optimizer "
+        "built, before training. measured/computed = (peak above floor of fp32 - config) / "
+        "(saved of fp32 - config); n/a where undefined.")
+    return "\n\n".join(lines)
+
+
+def _plot(results: list[dict], path: str) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    for r in results:
+        xv, yv = r["peak_above_floor"] / MiB, r["test_accuracy"] * 100
+        ax1.scatter(xv, yv, s=40)
+        ax1.annotate(r["config"], (xv, yv), textcoords="offset points", xytext=(5, 4), fontsize=9)
+    ax1.set_xlabel("peak RSS above the pre-training floor (MiB)")
+    ax1.set_ylabel("test accuracy (%)")
+    ax1.set_title("accuracy vs training memory")
+    ax1.grid(alpha=0.3)
+    names = [r["config"] for r in results]
+    ax2.bar(names, [r["step_ms"] for r in results], color="tab:gray")
+    ax2.set_ylabel("median ms per training step")
+    ax2.set_title("step time")
+    ax2.tick_params(axis="x", rotation=30)
+    ax2.grid(axis="y", alpha=0.3)
+    fig.savefig(path, dpi=110)
+
+
+def _parent(args) -> int:
+    t0 = time.perf_counter()
+    s = _settings(args)
+    names = _configs(args.configs)
+    os.makedirs(args.out, exist_ok=True)
+    print(f"actcodec demo: {len(names)} configurations, each in a fresh process "
+          f"(width {s['width']}, batch {s['batch_size']}, {s['epochs']} epochs, "
+          f"{s['size']}x{s['size']}, {s['threads']} threads)", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="actcodec-demo-") as tmp:
+        _split_digits(os.path.join(tmp, "digits.npz"))
+        for name in names:
+            r = _run_worker(name, s, tmp)
+            results.append(r)
+            print(f"  {name:>10}: test acc {r['test_accuracy'] * 100:6.2f}%, saved "
+                  f"{r['saved_bytes'] / MiB:7.1f} MiB/step, peak above floor "
+                  f"{r['peak_above_floor'] / MiB:6.0f} MiB, {r['step_ms']:5.0f} ms/step "
+                  f"({r['process_seconds']:.0f} s)", flush=True)
+    total = time.perf_counter() - t0
+    table = format_table(results)
+    notes = _notes(results, s, total)
+    print("\n" + table + "\n\n" + notes)
+    with open(os.path.join(args.out, "demo.md"), "w") as f:
+        f.write("# actcodec demo\n\n" + table + "\n\n" + notes + "\n")
+    with open(os.path.join(args.out, "demo.json"), "w") as f:
+        json.dump({"settings": s, "total_seconds": total, "results": results}, f, indent=1)
+    _plot(results, os.path.join(args.out, "demo.png"))
+    print(f"\nwrote {os.path.join(args.out, 'demo.md')}, demo.png and demo.json "
+          f"(total {total:.0f} s)")
+    return 0

@@ -1,0 +1,94 @@
+"""`python -m actcodec demo` end to end on a tiny run: one fresh worker process per configuration,
+the table, demo.md, demo.png and demo.json, and numbers that make sense."""
+import builtins
+import json
+
+import pytest
+
+pytest.importorskip("torch")  # the torch extra; CI installs it (and the demo's packages)
+
+from actcodec import demo  # noqa: E402
+from actcodec.__main__ import main  # noqa: E402
+
+CONFIGS = ["fp32", "8bit", "checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    rc = main(["demo", "--quick", "--configs", ",".join(CONFIGS), "--out", str(out),
+               "--threads", "1"])
+    assert rc == 0
+    with open(out / "demo.json") as f:
+        return out, json.load(f)
+
+
+def test_writes_table_markdown_plot(run):
+    out, data = run
+    md = (out / "demo.md").read_text()
+    for name in CONFIGS:
+        assert f"| {name} |" in md
+    assert "| config | test acc |" in md and "Total run time" in md
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r["config"] for r in data["results"]] == CONFIGS
+    assert data["total_seconds"] > 0
+
+
+def test_numbers_are_sane(run):
+    _, data = run
+    r = {x["config"]: x for x in data["results"]}
+    for x in r.values():
+        assert 0.0 <= x["test_accuracy"] <= 1.0
+        assert x["steps"] > 0 and x["step_ms"] > 0
+        assert x["saved_bytes"] > 0 and x["peak_above_floor"] >= 0
+        assert x["peak_rss"] >= x["floor_rss"] > 0
+        assert x["saved_bytes_min"] <= x["saved_bytes"] <= x["saved_bytes_max"]
+    # the counting pass and the compressed context see the same tensors
+    assert r["8bit"]["counted_bytes"] == r["fp32"]["counted_bytes"]
+    assert r["8bit"]["original_bytes"] <= r["fp32"]["counted_bytes"]
+    # 8-bit codes (or smaller) for every compressed tensor: at most about a quarter plus headers
+    assert r["8bit"]["saved_bytes"] < 0.5 * r["fp32"]["saved_bytes"]
+    assert r["8bit"]["codecs"]
+    # checkpoint keeps only the blocks' inputs and what runs outside the blocks
+    assert r["checkpoint"]["saved_bytes"] < r["fp32"]["saved_bytes"]
+    # same seeds and batches; checkpoint recomputes exactly (BatchNorm statistics restored)
+    assert r["checkpoint"]["weights_sha256"] == r["fp32"]["weights_sha256"]
+    assert r["checkpoint"]["test_accuracy"] == r["fp32"]["test_accuracy"]
+
+
+def test_table_ratio_column():
+    base = {"config": "fp32", "test_accuracy": 0.9, "saved_bytes": 100 * demo.MiB,
+            "peak_rss": 500 * demo.MiB, "peak_above_floor": 120 * demo.MiB, "step_ms": 10.0}
+    half = dict(base, config="8bit", saved_bytes=50 * demo.MiB, peak_above_floor=95 * demo.MiB)
+    same = dict(base, config="lossless", saved_bytes=100 * demo.MiB + 1000)
+    table = demo.format_table([base, half, same])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    assert rows["fp32"].endswith("| n/a |")
+    assert rows["8bit"].endswith("| 0.50 |")        # 25 MiB of 50 MiB computed showed up
+    assert rows["lossless"].endswith("| n/a |")     # no computed savings: undefined
+
+
+def test_unknown_config_is_a_clear_error():
+    with pytest.raises(SystemExit, match="unknown policy preset '3bit'"):
+        main(["demo", "--configs", "fp32,3bit"])
+
+
+def test_missing_packages_name_the_extra(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_sklearn(name, *args, **kwargs):
+        if name == "sklearn":
+            raise ImportError("No module named 'sklearn'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sklearn)
+    with pytest.raises(SystemExit, match=r"scikit-learn.*pip install \"actcodec\[demo\]\""):
+        demo.main(_args())
+
+
+def _args():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    return p.parse_args(["--quick"])
