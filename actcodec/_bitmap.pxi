@@ -56,3 +56,22 @@ def bitmap_decode(const uint8_t[::1] bitmap, const uint8_t[::1] values, int esiz
     with nogil:
         status = ac_bitmap_decode(b, v, nnz, n, esize, o)
     _check(status, "bitmap decode")
+
+
+def sample_nonzero(const uint8_t[::1] src, int esize, size_t runs, size_t run_len):
+    """Nonzero counts of `runs` evenly spaced runs of run_len elements of a flat byte view:
+    (nonzero total, sum of the runs' squared counts, whether every nonzero sampled element
+    has one bit pattern)."""
+    if esize not in (2, 4, 8) or src.shape[0] % esize:
+        raise ValueError(f"sample_nonzero: {src.shape[0]} bytes is not a whole number of "
+                         f"{esize}-byte elements")
+    cdef size_t n = src.shape[0] // esize
+    if runs == 0 or run_len == 0 or runs > n // run_len:
+        raise ValueError(f"sample_nonzero: {runs} runs of {run_len} do not fit in {n} elements")
+    cdef uint64_t nnz = 0, sumsq = 0
+    cdef int one = 0, status
+    cdef const uint8_t *s = _cptr(src)
+    with nogil:
+        status = ac_sample_nonzero(s, n, esize, runs, run_len, &nnz, &sumsq, &one)
+    _check(status, "sample_nonzero")
+    return nnz, sumsq, bool(one)

@@ -72,6 +72,14 @@ int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz);
 int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
                      int esize, void *dst);
 
+/* ---- sampled density (sample.c) ----
+ * Reads `runs` runs of run_len elements, run r starting at element r * (n / runs) (needs
+ * runs * run_len <= n). *nnz: nonzero bit patterns in the sample; *sumsq: the sum over runs
+ * of (nonzero count of the run)^2; *one_value: 1 if the sample holds a nonzero element and
+ * all its nonzero elements have one bit pattern (a mask, perhaps), else 0. */
+int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t run_len,
+                      uint64_t *nnz, uint64_t *sumsq, int *one_value);
+
 /* ---- dynamic k-bit quantization (quant.c) ----
  * Groups of `group` consecutive elements (the last may be short; group >= n means one group
  * for the whole tensor). Per group, in float32: mn = min, mx = max, scale = (mx - mn) / L with

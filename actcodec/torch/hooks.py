@@ -117,6 +117,7 @@ class compress_saved:
             packed = packed_ref()
             if tensor_ref() is not None and packed is not None:  # the same live tensor
                 self.stats.deduplicated += 1
+                packed.uses += 1
                 return packed
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, t.numel() * t.element_size())

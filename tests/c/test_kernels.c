@@ -265,6 +265,51 @@ static void popcount_tests(void) {
     }
 }
 
+/* ---- sampled nonzero counts ---- */
+
+static void sample_tests(void) {
+    uint64_t nnz, sq;
+    int one;
+    uint32_t x[64] = {0};
+    report(ac_sample_nonzero(x, 64, 4, 9, 8, &nnz, &sq, &one) == AC_EINVAL,
+           "sample: runs * run_len > n -> EINVAL");
+    report(ac_sample_nonzero(x, 64, 3, 1, 1, &nnz, &sq, &one) == AC_EINVAL, "sample: esize 3");
+    report(ac_sample_nonzero(x, 64, 4, 0, 1, &nnz, &sq, &one) == AC_EINVAL, "sample: 0 runs");
+    report(ac_sample_nonzero(x, 64, 4, 8, 8, &nnz, &sq, &one) == AC_OK && nnz == 0 && sq == 0 &&
+               one == 0, "sample: all zero");
+    for (int trial = 0; trial < 2000; trial++) {
+        int es = trial % 3 == 0 ? 2 : trial % 3 == 1 ? 4 : 8;
+        size_t n = 1 + rnd_below(500), runs = 1 + rnd_below(20), len = 1 + rnd_below(20);
+        if (runs * len > n) continue;
+        unsigned char *buf = xmalloc(n * (size_t)es);
+        uint64_t v1 = rnd_nonzero(es), v2 = rnd_nonzero(es);
+        int kinds = trial % 4;  /* 0: zeros only, 1: one value, 2: two values, 3: random */
+        for (size_t i = 0; i < n; i++) {
+            uint64_t v = rnd01() < 0.3 ? 0 : kinds == 0 ? 0 : kinds == 1 ? v1
+                         : kinds == 2 ? (rnd() & 1 ? v1 : v2) : rnd_nonzero(es);
+            put_elem(buf + i * es, es, v);
+        }
+        uint64_t want = 0, want_sq = 0, first = 0;
+        int same = 1;
+        for (size_t r = 0; r < runs; r++) {
+            uint64_t c = 0;
+            for (size_t i = 0; i < len; i++) {
+                uint64_t v = get_elem(buf + (r * (n / runs) + i) * es, es);
+                if (!v) continue;
+                if (want + c == 0) first = v;
+                else if (v != first) same = 0;
+                c++;
+            }
+            want += c;
+            want_sq += c * c;
+        }
+        int rc = ac_sample_nonzero(buf, n, es, runs, len, &nnz, &sq, &one);
+        report(rc == AC_OK && nnz == want && sq == want_sq && one == (want > 0 && same),
+               "sample es=%d n=%zu runs=%zu len=%zu", es, n, runs, len);
+        free(buf);
+    }
+}
+
 /* ---- public driver API ---- */
 
 static void api_argument_tests(void) {
@@ -394,6 +439,7 @@ int main(void) {
     unsigned long long before = n_passed + n_failed;
     kernel_tests();
     popcount_tests();
+    sample_tests();
     printf("kernels: %llu cases\n", n_passed + n_failed - before);
 
     before = n_passed + n_failed;

@@ -1,0 +1,131 @@
+"""The adapters' shortcuts change bytes and time, never values: the sampled density test that
+skips the bitmap pass of `auto` on dense tensors (and its C sample kernel against a numpy
+reference), and the decoded tensor shared by the ops that saved the same tensor."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from actcodec import _ext
+
+torch = pytest.importorskip("torch")  # the torch extra; CI installs it
+nn = torch.nn
+
+from actcodec.torch import Policy, compress_saved, packing  # noqa: E402
+from actcodec.torch.packing import Setting  # noqa: E402
+
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def sample_reference(bits: np.ndarray, runs: int, run_len: int):
+    stride = bits.size // runs
+    sample = np.stack([bits[r * stride:r * stride + run_len] for r in range(runs)])
+    counts = np.count_nonzero(sample, axis=1).astype(np.uint64)
+    nonzero = sample[sample != 0]
+    one = bool(nonzero.size) and bool((nonzero == nonzero[0]).all())
+    return int(counts.sum()), int((counts * counts).sum()), one
+
+
+@settings(max_examples=200, deadline=None)
+@given(esize=st.sampled_from([2, 4, 8]), n=st.integers(1, 3000), runs=st.integers(1, 70),
+       run_len=st.integers(1, 70), p_zero=st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]),
+       values=st.sampled_from(["random", "one", "two"]), seed=st.integers(0, 2**32 - 1))
+def test_sample_nonzero_matches_reference(esize, n, runs, run_len, p_zero, values, seed):
+    rng = np.random.default_rng(seed)
+    dt = UINT[esize]
+    if values == "random":
+        bits = rng.integers(1, np.iinfo(dt).max, n, dtype=dt, endpoint=True)
+    else:
+        bits = rng.choice(np.array([7, 1 << (8 * esize - 1)][: 1 if values == "one" else 2],
+                                   dtype=dt), n)
+    bits[rng.random(n) < p_zero] = 0
+    raw = bits.view(np.uint8)
+    if runs * run_len > n:
+        with pytest.raises(ValueError, match="do not fit"):
+            _ext.sample_nonzero(raw, esize, runs, run_len)
+        return
+    assert _ext.sample_nonzero(raw, esize, runs, run_len) == sample_reference(bits, runs, run_len)
+
+
+def test_sample_nonzero_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="whole number"):
+        _ext.sample_nonzero(np.zeros(7, np.uint8), 4, 1, 1)
+    with pytest.raises(ValueError):
+        _ext.sample_nonzero(np.zeros(8, np.uint8), 3, 1, 1)
+    with pytest.raises(ValueError, match="do not fit"):
+        _ext.sample_nonzero(np.zeros(8, np.uint8), 4, 0, 1)
+
+
+N = 1 << 18  # above the sampling threshold
+
+
+@pytest.mark.parametrize("bits", [None, 2, 4, 8])
+def test_dense_tensors_skip_the_bitmap_pass_and_match_the_exact_choice(bits, monkeypatch):
+    x = torch.randn(N)
+    setting = Setting(bits=bits, group_size=64)
+    exact = packing.pack(x, setting)  # reference: what the full count would choose
+    calls = []
+    real = packing.bitmap.encode
+    monkeypatch.setattr(packing.bitmap, "encode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    packed = packing.pack(x, setting)
+    assert calls == []
+    if bits is None:  # raw would be a copy of the same bytes: the tensor itself is kept
+        assert packed.meta.kind == "kept" and packed.payload[0] is x
+    else:
+        assert packed.codec == exact.codec == "quant"
+        assert torch.equal(packed.unpack(), exact.unpack())
+
+
+@pytest.mark.parametrize("make,codec", [
+    (lambda: torch.relu(torch.randn(N)), "bitmap_quant"),               # half zeros
+    (lambda: torch.nn.functional.dropout(torch.ones(N), 0.1), "mask"),  # 90% one value
+    (lambda: torch.full((N,), 2.5), "mask"),                            # constant
+    (lambda: torch.zeros(N), "bitmap"),                                 # all zeros
+])
+def test_sparse_masks_and_constants_take_the_exact_path(make, codec):
+    packed = packing.pack(make(), Setting(bits=8))
+    assert packed.codec == codec
+
+
+def test_structured_sparsity_is_never_mistaken_for_dense():
+    # Whole zero planes (dead channels) between dense ones: runs disagree, the margin holds.
+    x = torch.randn(64, 64, 64)
+    x[::2] = 0
+    assert packing.pack(x, Setting(bits=2, group_size=64)).codec == "bitmap_quant"
+
+
+class ReluConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))  # relu's output is saved by relu and by conv b
+
+
+def test_a_tensor_saved_twice_is_decoded_once_per_backward(monkeypatch):
+    model, x = ReluConv(), torch.randn(4, 3, 32, 32)
+    decodes = []
+    real = packing.Packed._unpack
+    monkeypatch.setattr(packing.Packed, "_unpack", lambda self: decodes.append(self) or real(self))
+    with compress_saved(Policy.preset("8bit", min_bytes=0)) as c:
+        loss = model(x).square().mean()
+    assert c.stats.deduplicated >= 1
+    loss.backward(retain_graph=True)
+    first = [p.grad.clone() for p in model.parameters()]
+    assert len(decodes) == len(set(map(id, decodes))) == c.stats.tensors
+    model.zero_grad()
+    loss.backward()  # a second backward decodes again, and gets the same gradients
+    assert len(decodes) == 2 * c.stats.tensors
+    assert all(torch.equal(a, p.grad) for a, p in zip(first, model.parameters()))
+
+
+def test_the_shared_decoded_tensor_is_dropped_with_its_last_use():
+    packed = packing.pack(torch.relu(torch.randn(N)), Setting(bits=8))
+    packed.uses = 2
+    first = packed.unpack()
+    assert packed._decoded is first
+    assert packed.unpack() is first and packed._decoded is None
+    third = packed.unpack()  # the next backward starts over
+    assert third is not first and torch.equal(third, first)
