@@ -53,7 +53,7 @@ MiB = 2**20
 # Defaults and --quick; explicit options override either.
 FULL = {"width": 16, "batch_size": 128, "epochs": 12, "size": 32}
 QUICK = {"width": 4, "batch_size": 64, "epochs": 1, "size": 16}
-SEED = 0
+SEED = 0  # the train/test split; training seeds are 0..--seeds-1
 TEST_FRACTION = 0.5  # 899 test images: one image is 0.11 points
 
 
@@ -65,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help=f"default {FULL['batch_size']}")
     p.add_argument("--epochs", type=int, help=f"default {FULL['epochs']}")
     p.add_argument("--size", type=int, help=f"image side after upsampling (default {FULL['size']})")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="train each configuration this many times, with seeds 0..N-1 for the "
+                        "weights and the batch order (the split stays fixed), and report the "
+                        "mean test accuracy and its range (default 1)")
     p.add_argument("--threads", type=int, default=0, help="threads for torch and actcodec "
                    "(default: all cores)")
     p.add_argument("--malloc", choices=("release", "default"), default="release",
@@ -80,6 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)   # run one configuration, in this process
     p.add_argument("--result", help=argparse.SUPPRESS)   # where the worker writes its JSON
     p.add_argument("--data", help=argparse.SUPPRESS)     # the parent's split of the digits
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # the worker's seed
 
 
 def _require() -> None:
@@ -100,7 +105,8 @@ def _settings(args) -> dict:
     s = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}
     s["threads"] = args.threads or os.cpu_count() or 1
     s["malloc"] = getattr(args, "malloc", "release")
-    for k in ("width", "batch_size", "epochs", "size", "threads"):
+    s["seeds"] = getattr(args, "seeds", 1)
+    for k in ("width", "batch_size", "epochs", "size", "threads", "seeds"):
         if s[k] < 1:
             raise SystemExit(f"--{k.replace('_', '-')} must be at least 1")
     return s
@@ -128,7 +134,7 @@ def main(args) -> int:
     if args.worker:
         if not args.data:
             raise SystemExit("--worker needs --data (the parent makes it)")
-        result = _worker(args.worker, _settings(args), args.data)
+        result = _worker(args.worker, _settings(args), args.data, args.seed)
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
@@ -212,7 +218,7 @@ def _data(path: str, size: int):
             ((x_test - mean) / std).contiguous(), arrays["y_test"])
 
 
-def _model(width: int, use_checkpoint: bool):
+def _model(width: int, use_checkpoint: bool, seed: int = 0):
     import torch
     from torch import nn
     from torch.utils.checkpoint import checkpoint
@@ -245,7 +251,7 @@ def _model(width: int, use_checkpoint: bool):
                     x = block(x)
             return self.head(x)
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     return DemoCNN()
 
 
@@ -280,7 +286,7 @@ class _CountSaved:
         return self._hooks.__exit__(*exc)
 
 
-def _worker(name: str, s: dict, data: str) -> dict:
+def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     import contextlib
     import copy
     import gc
@@ -301,7 +307,7 @@ def _worker(name: str, s: dict, data: str) -> dict:
     recomputes = name == "checkpoint"
 
     x_train, y_train, x_test, y_test = _data(data, s["size"])
-    model = _model(s["width"], use_checkpoint=(name == "checkpoint"))
+    model = _model(s["width"], use_checkpoint=(name == "checkpoint"), seed=seed)
     batch = min(s["batch_size"], len(y_train))
     steps_per_epoch = len(y_train) // batch  # drop the last partial batch: equal steps
     total_steps = steps_per_epoch * s["epochs"]
@@ -309,7 +315,7 @@ def _worker(name: str, s: dict, data: str) -> dict:
                           nesterov=True)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=total_steps,
                                                 pct_start=0.25)
-    gen = torch.Generator().manual_seed(SEED)  # the same batches in every configuration
+    gen = torch.Generator().manual_seed(seed)  # the same batches in every configuration
 
     def context(pol):
         return contextlib.nullcontext() if pol is None else compress_saved(pol)
@@ -392,7 +398,7 @@ def _worker(name: str, s: dict, data: str) -> dict:
         saved_min, saved_max = min(compressed) + kept, max(compressed) + kept
 
     return {
-        "config": name, "settings": s, "test_accuracy": accuracy, "test_images": len(y_test),
+        "config": name, "seed": seed, "settings": s, "test_accuracy": accuracy, "test_images": len(y_test),
         "train_images": len(y_train), "steps": total_steps, "final_loss": losses[-1],
         "saved_bytes": saved, "saved_bytes_min": saved_min, "saved_bytes_max": saved_max,
         "counted_bytes": counted.nbytes, "kept_bytes": kept,
@@ -410,9 +416,10 @@ def _worker(name: str, s: dict, data: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 # The parent: one fresh process per configuration, then the table and the plot
 
-def _run_worker(name: str, s: dict, tmp: str) -> dict:
-    path = os.path.join(tmp, f"{name}.json")
+def _run_worker(name: str, s: dict, tmp: str, seed: int = 0) -> dict:
+    path = os.path.join(tmp, f"{name}-{seed}.json")
     cmd = [sys.executable, "-m", "actcodec", "demo", "--worker", name, "--result", path,
+           "--seed", str(seed),
            "--data", os.path.join(tmp, "digits.npz"),
            "--width", str(s["width"]), "--batch-size", str(s["batch_size"]),
            "--epochs", str(s["epochs"]), "--size", str(s["size"]),
@@ -430,6 +437,24 @@ def _run_worker(name: str, s: dict, tmp: str) -> dict:
     return result
 
 
+def aggregate(runs: list[dict]) -> dict:
+    """One configuration over its seeds: means of accuracy, bytes and memory, the median of
+    the step times, the accuracy range, and every run as it was."""
+    import statistics
+
+    out = dict(runs[0])
+    for key in ("test_accuracy", "saved_bytes", "peak_rss", "peak_above_floor", "floor_rss"):
+        out[key] = statistics.mean(r[key] for r in runs)
+    out["step_ms"] = statistics.median(r["step_ms"] for r in runs)
+    out["saved_bytes_min"] = min(r["saved_bytes_min"] for r in runs)
+    out["saved_bytes_max"] = max(r["saved_bytes_max"] for r in runs)
+    out["accuracies"] = [r["test_accuracy"] for r in runs]
+    out["weights_sha256"] = [r["weights_sha256"] for r in runs]
+    out["peak_reset"] = all(r["peak_reset"] for r in runs)
+    out["runs"] = runs
+    return out
+
+
 def _ratio(r: dict, base: dict | None) -> float | None:
     if base is None or r is base:
         return None
@@ -441,8 +466,12 @@ def _ratio(r: dict, base: dict | None) -> float | None:
 
 def format_table(results: list[dict]) -> str:
     base = next((r for r in results if r["config"] == "fp32"), None)
-    head = ["config", "test acc", "vs fp32", "saved MiB/step", "saved vs fp32", "peak RSS MiB",
-            "peak above floor MiB", "step ms", "measured/computed"]
+    seeds = max(len(r.get("accuracies", [0])) for r in results)
+    head = ["config", "test acc" if seeds == 1 else f"test acc (mean of {seeds})", "vs fp32",
+            "saved MiB/step", "saved vs fp32", "peak RSS MiB", "peak above floor MiB", "step ms",
+            "measured/computed"]
+    if seeds > 1:
+        head.insert(2, "acc min-max")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         ratio = _ratio(r, base)
@@ -453,6 +482,9 @@ def format_table(results: list[dict]) -> str:
                  f"{r['saved_bytes'] / MiB:.1f}", rel, f"{r['peak_rss'] / MiB:.0f}",
                  f"{r['peak_above_floor'] / MiB:.0f}", f"{r['step_ms']:.0f}",
                  "n/a" if ratio is None else f"{ratio:.2f}"]
+        if seeds > 1:
+            accs = r.get("accuracies", [r["test_accuracy"]])
+            cells.insert(2, f"{min(accs) * 100:.2f}-{max(accs) * 100:.2f}%")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -465,7 +497,8 @@ def _notes(results: list[dict], s: dict, total: float) -> str:
     lines = [
         f"Digits (scikit-learn), {r0['train_images']} train / {r0['test_images']} test images "
         f"upsampled to {s['size']}x{s['size']}; CNN width {s['width']}, batch {s['batch_size']}, "
-        f"{s['epochs']} epochs ({r0['steps']} steps), {s['threads']} threads, seed {SEED}; "
+        f"{s['epochs']} epochs ({r0['steps']} steps), {s['threads']} threads, split seed {SEED}, "
+        f"training seed{'s 0-' + str(s['seeds'] - 1) if s['seeds'] > 1 else ' 0'}; "
         f"every configuration in its own fresh process. torch {r0['torch']}, actcodec "
         f"{r0['actcodec']}. Total run time {total:.0f} s.",
     ]
@@ -521,16 +554,19 @@ def _parent(args) -> int:
     print(f"actcodec demo: {len(names)} configurations, each in a fresh process "
           f"(width {s['width']}, batch {s['batch_size']}, {s['epochs']} epochs, "
           f"{s['size']}x{s['size']}, {s['threads']} threads)", flush=True)
-    results = []
+    runs: dict = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="actcodec-demo-") as tmp:
         _split_digits(os.path.join(tmp, "digits.npz"))
-        for name in names:
-            r = _run_worker(name, s, tmp)
-            results.append(r)
-            print(f"  {name:>10}: test acc {r['test_accuracy'] * 100:6.2f}%, saved "
-                  f"{r['saved_bytes'] / MiB:7.1f} MiB/step, peak above floor "
-                  f"{r['peak_above_floor'] / MiB:6.0f} MiB, {r['step_ms']:5.0f} ms/step "
-                  f"({r['process_seconds']:.0f} s)", flush=True)
+        for seed in range(s["seeds"]):  # seeds outside: the machine's drift hits every config
+            for name in names:
+                r = _run_worker(name, s, tmp, seed)
+                runs[name].append(r)
+                print(f"  {name:>10}{f' seed {seed}' if s['seeds'] > 1 else ''}: test acc "
+                      f"{r['test_accuracy'] * 100:6.2f}%, saved "
+                      f"{r['saved_bytes'] / MiB:7.1f} MiB/step, peak above floor "
+                      f"{r['peak_above_floor'] / MiB:6.0f} MiB, {r['step_ms']:5.0f} ms/step "
+                      f"({r['process_seconds']:.0f} s)", flush=True)
+    results = [aggregate(runs[name]) for name in names]
     total = time.perf_counter() - t0
     table = format_table(results)
     notes = _notes(results, s, total)

@@ -124,6 +124,8 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
         const float *x = as_f32(j, ts, te, fbuf);
         /* At 8 bits the unified layout is the identity: codes go straight to their bytes. */
         uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes;
+        /* Tiles start on multiples of TILE, which divides 2^32: one key serves the tile. */
+        uint32_t key = ac_round_key(j->seed, (uint32_t)((uint64_t)ts >> 32));
         for (size_t s = ts; s < te;) {
             size_t g = s / G, gs = g * G, ge = j->n - gs < G ? j->n : gs + G;
             size_t e = ge < te ? ge : te;
@@ -143,7 +145,6 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
                 }
                 g_cur = g;
             }
-            uint32_t key = ac_round_key(j->seed, (uint32_t)((uint64_t)s >> 32));
             if (isinf(inv))
                 quantize_divide(x + (s - ts), e - s, mn, scale, levels, j->rounding, key,
                                 (uint32_t)s, cbuf + (s - ts));
