@@ -44,6 +44,17 @@ static size_t encode_serial(const ac_kernels *k, int idx, const unsigned char *s
 }
 
 #ifdef _OPENMP
+/* Output bytes to expect, from a sample of 64 runs of 64 elements (lossless only: a prune
+ * threshold changes what counts as zero; then nothing is expected, and nothing touched). */
+static size_t expected_output(const void *src, size_t n, int esize, uint64_t prune_abs_bits) {
+    uint64_t nnz, sumsq;
+    int one;
+    if (prune_abs_bits != 0 ||
+        ac_sample_nonzero(src, n, esize, 64, 64, &nnz, &sumsq, &one) != AC_OK)
+        return 0;
+    return (size_t)((double)nnz / 4096.0 * (double)n) * (size_t)esize;
+}
+
 /* Threaded encode in one pass over the input (a chained scan). Blocks go round-robin; a
  * block's output offset is the previous block's published end. When that is already known,
  * the block compacts straight into values (its store slack lands in the next block's room,
@@ -52,12 +63,21 @@ static size_t encode_serial(const ac_kernels *k, int idx, const unsigned char *s
 static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *src, size_t n,
                             size_t esize, uint64_t thr, uint8_t *bitmap, unsigned char *values,
                             unsigned char *scratch, size_t scratch_stride,
-                            _Atomic size_t *ends, size_t nblocks, int threads) {
+                            _Atomic size_t *ends, size_t nblocks, int threads,
+                            size_t expect_bytes) {
     size_t block = BLOCK_BYTES / esize;
 #pragma omp parallel num_threads(threads)
     {
         size_t team = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
         unsigned char *mine = scratch + t * scratch_stride;
+        /* First touch: the scan writes the output in an order that alternates threads block
+         * by block, and two threads faulting in the same fresh (huge) page wait on each
+         * other. Touching one byte per page of the expected output, each thread its own
+         * contiguous share, faults the pages in the way a threaded copy does. Pages already
+         * mapped cost one cache miss each; bytes written here are overwritten or cut off. */
+        size_t share = expect_bytes / team, first = t * share, last = first + share;
+        for (size_t p = first; p < last; p += 4096) ((volatile unsigned char *)values)[p] = 0;
+#pragma omp barrier
         for (size_t b = t; b < nblocks; b += team) {
             size_t start = b * block, len = n - start < block ? n - start : block;
             const unsigned char *in = src + start * esize;
@@ -100,7 +120,7 @@ int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bi
         if (ends == NULL) { free(scratch); return AC_ENOMEM; }
         for (size_t b = 0; b < nblocks; b++) atomic_init(&ends[b], NOT_READY);
         encode_parallel(k, idx, src, n, es, prune_abs_bits, bitmap, values, scratch, stride,
-                        ends, nblocks, threads);
+                        ends, nblocks, threads, expected_output(src, n, esize, prune_abs_bits));
         *nnz = atomic_load(&ends[nblocks - 1]);
         free((void *)ends);
         free(scratch);
