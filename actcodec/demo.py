@@ -529,10 +529,19 @@ def _plot(results: list[dict], path: str) -> None:
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2)
+    placed: list = []
     for r in results:
         xv, yv = r["peak_above_floor"] / MiB, r["test_accuracy"] * 100
+        accs = [a * 100 for a in r.get("accuracies", [r["test_accuracy"]])]
+        if len(accs) > 1:  # the seeds' range
+            ax1.errorbar(xv, yv, yerr=[[yv - min(accs)], [max(accs) - yv]], fmt="none",
+                         ecolor="gray", alpha=0.5, capsize=3)
         ax1.scatter(xv, yv, s=40)
-        ax1.annotate(r["config"], (xv, yv), textcoords="offset points", xytext=(5, 4), fontsize=9)
+        # Points that coincide (8bit and auto, say) get their labels stacked, not overprinted.
+        stack = sum(1 for px, py in placed if abs(px - xv) < 3 and abs(py - yv) < 0.1)
+        placed.append((xv, yv))
+        ax1.annotate(r["config"], (xv, yv), textcoords="offset points",
+                     xytext=(5, 4 + 11 * stack), fontsize=9)
     ax1.set_xlabel("peak RSS above the pre-training floor (MiB)")
     ax1.set_ylabel("test accuracy (%)")
     ax1.set_title("accuracy vs training memory")
