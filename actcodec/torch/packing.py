@@ -29,8 +29,9 @@ from . import bridge, device
 # run on one OpenMP runtime (the extension links libgomp.so.1 by soname, the name torch's
 # bundled copy carries, so the process loads one), so a codec call reuses the team torch's
 # ops just used; under two runtimes (torch on libiomp5) the pools would compete, and
-# set_codec_threads(1) is the way out. Measured on a ResNet-18 step here, 2 threads against 1: 2-bit 1.10x against
-# 1.15x the fp32 step, 8-bit 1.11x against 1.14x (medians of per-round ratios).
+# set_codec_threads(1) is the way out. Measured on a ResNet-18 2-bit step here, 25
+# interleaved rounds: 1.11x the fp32 step with 2 codec threads, 1.17x with 1 (medians of
+# per-round ratios).
 # set_codec_threads(n) fixes the count; None returns to following torch.
 _CODEC_THREADS: list = [None]
 
@@ -106,7 +107,9 @@ class Packed:
         # Saves that hold this Packed (the hooks count a tensor several ops save), and how
         # many of them the current backward has still to unpack: the decoded tensor is kept
         # for those, so a ReLU output that the ReLU and the next convolution both saved is
-        # decoded once per backward, and dropped with its last use.
+        # decoded once per backward, and dropped with its last use. (A backward that skips
+        # some of the uses, torch.autograd.grad on part of a graph, leaves the copy held
+        # until the next unpack or until the graph is freed: memory, never wrong values.)
         self.uses, self._pending, self._decoded = 1, 0, None
 
     @property
