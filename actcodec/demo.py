@@ -52,7 +52,7 @@ DEFAULT_CONFIGS = "fp32,lossless,8bit,4bit,2bit,auto,checkpoint"
 MiB = 2**20
 # Defaults and --quick; explicit options override either.
 FULL = {"width": 16, "batch_size": 128, "epochs": 12, "size": 32}
-QUICK = {"width": 4, "batch_size": 64, "epochs": 1, "size": 16}
+QUICK = {"width": 8, "batch_size": 64, "epochs": 4, "size": 16}
 SEED = 0  # the train/test split; training seeds are 0..--seeds-1
 TEST_FRACTION = 0.5  # 899 test images: one image is 0.11 points
 
@@ -78,8 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'default' leaves glibc as it is (its heap then keeps each step's "
                         "high-water mark and fragments, and peak RSS mostly measures that)")
     p.add_argument("--out", default="actcodec-demo", help="output folder (default ./actcodec-demo)")
-    p.add_argument("--quick", action="store_true", help="a tiny run (seconds): width "
-                   f"{QUICK['width']}, batch {QUICK['batch_size']}, {QUICK['epochs']} epoch, "
+    p.add_argument("--quick", action="store_true", help="a small run (about a minute): width "
+                   f"{QUICK['width']}, batch {QUICK['batch_size']}, {QUICK['epochs']} epochs, "
                    f"{QUICK['size']}x{QUICK['size']} images")
     p.add_argument("--worker", help=argparse.SUPPRESS)   # run one configuration, in this process
     p.add_argument("--result", help=argparse.SUPPRESS)   # where the worker writes its JSON

@@ -109,6 +109,10 @@ class compress_saved:
                 or t.is_complex()):
             self.stats.kept += 1
             return t
+        nbytes = t.numel() * t.element_size()
+        if nbytes < self.policy.min_bytes:  # what policy.setting would say, without the lookups
+            self.stats.kept += 1
+            return t
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                tuple(t.stride()), t._version, t.device)
         hit = self._seen.get(key)
@@ -120,7 +124,7 @@ class compress_saved:
                 packed.uses += 1
                 return packed
         op, layer = self._where(t)
-        setting = self.policy.setting(op, layer, t.numel() * t.element_size())
+        setting = self.policy.setting(op, layer, nbytes)
         if setting.codec == "keep":
             self.stats.kept += 1
             return t
