@@ -73,10 +73,12 @@ int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size
                      int esize, void *dst);
 
 /* ---- sampled density (sample.c) ----
- * Reads `runs` runs of run_len elements, run r starting at element r * (n / runs) (needs
- * runs * run_len <= n). *nnz: nonzero bit patterns in the sample; *sumsq: the sum over runs
- * of (nonzero count of the run)^2; *one_value: 1 if the sample holds a nonzero element and
- * all its nonzero elements have one bit pattern (a mask, perhaps), else 0. */
+ * Reads `runs` runs of run_len elements (needs runs * run_len <= n): with stride = n / runs,
+ * run r starts at r * stride + ac_sample_mix(r) % (stride - run_len + 1). *nnz: nonzero bit
+ * patterns in the sample; *sumsq: the sum over runs of (nonzero count of the run)^2;
+ * *one_value: 1 if the sample holds a nonzero element and all its nonzero elements have one
+ * bit pattern (a mask, perhaps), else 0. */
+uint64_t ac_sample_mix(uint64_t x);
 int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t run_len,
                       uint64_t *nnz, uint64_t *sumsq, int *one_value);
 

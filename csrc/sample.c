@@ -1,6 +1,9 @@
-/* Sampled nonzero counts: evenly spaced runs of elements, read-only, so a caller can tell a
- * dense array from a sparse one without a full pass (the torch adapters skip the bitmap pass
- * of `auto` on dense tensors this way). Scalar on purpose: a sample is a few KiB. */
+/* Sampled nonzero counts: runs of elements at pseudo-random offsets, one run per equal stretch
+ * of the array, read-only, so a caller can tell a dense array from a sparse one without a
+ * full pass (the torch adapters skip the bitmap pass of `auto` on dense tensors this way).
+ * The offsets are hashed, not evenly spaced: an even spacing of n/runs lines up with a batch
+ * of 64 or 128 and reads the same position of every sample. Scalar on purpose: a sample is
+ * a few KiB. */
 #include <string.h>
 #include "actcodec.h"
 
@@ -12,6 +15,13 @@ static uint64_t element(const unsigned char *p, int esize) {
     return v;
 }
 
+uint64_t ac_sample_mix(uint64_t x) { /* splitmix64's finalizer, on x + its increment */
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
 int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t run_len,
                       uint64_t *nnz, uint64_t *sumsq, int *one_value) {
     if ((esize != 2 && esize != 4 && esize != 8) || runs == 0 || run_len == 0 ||
@@ -19,11 +29,12 @@ int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t 
         runs > n / run_len)
         return AC_EINVAL;
     const unsigned char *s = src;
-    size_t stride = n / runs, es = (size_t)esize;
+    size_t stride = n / runs, es = (size_t)esize, slack = stride - run_len + 1;
     uint64_t total = 0, squares = 0, first = 0;
     int same = 1;
     for (size_t r = 0; r < runs; r++) {
-        const unsigned char *p = s + r * stride * es;
+        size_t start = r * stride + (size_t)(ac_sample_mix(r) % slack);
+        const unsigned char *p = s + start * es;
         uint64_t count = 0;
         for (size_t i = 0; i < run_len; i++) {
             uint64_t v = element(p + i * es, esize);

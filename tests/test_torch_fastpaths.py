@@ -1,6 +1,8 @@
 """The adapters' shortcuts change bytes and time, never values: the sampled density test that
 skips the bitmap pass of `auto` on dense tensors (and its C sample kernel against a numpy
 reference), and the decoded tensor shared by the ops that saved the same tensor."""
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -16,9 +18,21 @@ from actcodec.torch.packing import Setting  # noqa: E402
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+M64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
 def sample_reference(bits: np.ndarray, runs: int, run_len: int):
+    """Run r starts at r * stride plus a hashed offset within its stretch (actcodec.h)."""
     stride = bits.size // runs
-    sample = np.stack([bits[r * stride:r * stride + run_len] for r in range(runs)])
+    starts = [r * stride + splitmix64(r) % (stride - run_len + 1) for r in range(runs)]
+    sample = np.stack([bits[s:s + run_len] for s in starts])
     counts = np.count_nonzero(sample, axis=1).astype(np.uint64)
     nonzero = sample[sample != 0]
     one = bool(nonzero.size) and bool((nonzero == nonzero[0]).all())
@@ -129,3 +143,55 @@ def test_the_shared_decoded_tensor_is_dropped_with_its_last_use():
     assert packed.unpack() is first and packed._decoded is None
     third = packed.unpack()  # the next backward starts over
     assert third is not first and torch.equal(third, first)
+
+
+def exact_choice(t: torch.Tensor, setting: Setting) -> str:
+    from actcodec import auto
+
+    nnz = int(np.count_nonzero(t.numpy().view(UINT[t.element_size()])))
+    return auto.smallest(auto.sizes_from_counts(t.numel(), nnz, t.element_size(), setting.bits,
+                                                setting.group_size))
+
+
+def dense_first_channel(batch):
+    x = torch.relu(torch.randn(batch, 64, 16, 16) - 1.5)  # ~7% nonzero
+    x[:, 0] = torch.rand(batch, 16, 16) + 0.1            # but channel 0 of every sample dense
+    return x
+
+
+def padded_sequences():
+    x = torch.randn(64, 128, 256)
+    for i, length in enumerate(torch.randint(8, 64, (64,))):
+        x[i, length:] = 0                                # masked positions, ~30% nonzero
+    return x
+
+
+@pytest.mark.parametrize("make", [lambda: dense_first_channel(64),
+                                  lambda: dense_first_channel(128), padded_sequences],
+                         ids=["channel0-b64", "channel0-b128", "padded"])
+@pytest.mark.parametrize("bits", [None, 4, 8])
+def test_batch_aligned_layouts_do_not_fool_the_sample(make, bits):
+    # Runs evenly spaced by n/64 would read the same spot of every sample of a batch of 64 or
+    # 128 (all dense here) and send these sparse tensors to quant or keep them whole.
+    torch.manual_seed(0)
+    x = make()
+    setting = Setting(bits=bits, group_size=64)
+    packed = packing.pack(x, setting)
+    assert packed.meta.kind == "encoded" and packed.codec == exact_choice(x, setting)
+
+
+@pytest.mark.parametrize("preset", [None, "lossless", "8bit"])
+def test_inplace_change_of_a_save_raises_like_plain_pytorch(preset):
+    w = torch.randn(256, 256, requires_grad=True)
+    x = torch.randn(256, 256)
+    ctx = compress_saved(Policy.preset(preset)) if preset else contextlib.nullcontext()
+    with ctx:
+        h = x @ w            # dense: lossless keeps h itself, 8-bit an encoded copy
+        y = h.sin().sum()
+    h.detach().mul_(0)       # bumps h's version: sin's backward would read the wrong values
+    if preset == "8bit":     # works from its own copy, as it always did
+        y.backward()
+        assert torch.isfinite(w.grad).all()
+    else:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()

@@ -108,11 +108,11 @@ class compress_saved:
         if ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)
                 or t.is_complex()):
             self.stats.kept += 1
-            return t
+            return Kept(t)
         nbytes = t.numel() * t.element_size()
         if nbytes < self.policy.min_bytes:  # what policy.setting would say, without the lookups
             self.stats.kept += 1
-            return t
+            return Kept(t)
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                tuple(t.stride()), t._version, t.device)
         hit = self._seen.get(key)
@@ -127,18 +127,42 @@ class compress_saved:
         setting = self.policy.setting(op, layer, nbytes)
         if setting.codec == "keep":
             self.stats.kept += 1
-            return t
+            return Kept(t)
         t0 = time.perf_counter()
         packed = packing.pack(t.detach(), setting)
         if packed.meta.kind == "kept":
             self.stats.kept += 1
-            return t
+            return Kept(t)
         self.stats.add(layer, op, packed, time.perf_counter() - t0)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
 
     @staticmethod
     def _unpack(packed):
+        if isinstance(packed, Kept):
+            return packed.check()
         if not isinstance(packed, packing.Packed):
             return packed
         return packed.unpack()
+
+
+class Kept:
+    """A save the hooks keep as it is, with its version at save time. Autograd checks the
+    versions of what it saves itself, not of what a pack hook returns; without this, an
+    in-place change between forward and backward that plain PyTorch refuses would give
+    wrong gradients silently."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.tensor, self.version = t, t._version
+
+    def check(self) -> torch.Tensor:
+        t = self.tensor
+        if t._version != self.version:
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{t.dtype} {list(t.shape)}] is at version {t._version}; "
+                f"expected version {self.version} instead (a tensor actcodec kept "
+                f"uncompressed; plain PyTorch raises the same error)")
+        return t

@@ -215,9 +215,10 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
     return Packed(meta, payload)
 
 
-# A dense tensor is told without a bitmap pass from _CHUNKS evenly spaced runs of _RUN
-# elements (a few cache lines each, so the sample costs little); tensors under _SAMPLE_MIN
-# elements take the exact pass, which is cheap for them.
+# A dense tensor is told without a bitmap pass from _CHUNKS runs of _RUN elements, one at a
+# hashed offset in each of _CHUNKS equal stretches (ac_sample_nonzero: a few cache lines per
+# run, so the sample costs little, and no alignment with a batch or channel layout); tensors
+# under _SAMPLE_MIN elements take the exact pass, which is cheap for them.
 _CHUNKS, _RUN = 64, 64
 _SAMPLE_MIN = 64 * 1024
 
@@ -227,10 +228,11 @@ def _dense_beyond_doubt(arr: np.ndarray, setting: Setting) -> bool:
     smallest. The bitmap pass of `auto` costs about a copy of the tensor; most saved
     activations (convolution and norm inputs) are dense, and this skips it for them. The
     test is conservative: the runs' mean nonzero share minus five standard errors (runs as
-    the unit, since neighbours are alike) must still make k-bit dense (or raw, when
-    lossless) the smallest, so a wrong call is rare and costs only bytes, never exactness.
-    A sample whose nonzero values all have one bit pattern might be a mask (dropout keeps
-    most elements): no decision then."""
+    the unit, since neighbours are alike) must still make k-bit dense (or the tensor as it
+    is, when lossless) the smallest. A wrong call is rare, and costs bytes and, when lossy,
+    the exact zeros bitmap_quant would have kept (a ReLU output's zeros decide its backward
+    mask); never the lossless guarantee. A sample whose nonzero values all have one bit
+    pattern might be a mask (dropout keeps most elements): no decision then."""
     n = arr.size
     if n < _SAMPLE_MIN:
         return False

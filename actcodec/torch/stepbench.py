@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..benchmark import torch_eager_dequantize, torch_eager_quantize
 from .convert import convert
-from .hooks import compress_saved
+from .hooks import Kept, compress_saved
 from .models import ResNet18
 from .policy import Policy
 
@@ -36,6 +36,8 @@ class SavedBytes:
 
     def _count(self, t):
         out = self._pack(t)
+        if isinstance(out, Kept):  # the hooks kept the tensor as it is
+            out = out.tensor
         if isinstance(out, torch.Tensor):
             if isinstance(out, nn.Parameter) or (out.is_leaf and out.requires_grad):
                 return out

@@ -277,6 +277,8 @@ static void sample_tests(void) {
     report(ac_sample_nonzero(x, 64, 4, 0, 1, &nnz, &sq, &one) == AC_EINVAL, "sample: 0 runs");
     report(ac_sample_nonzero(x, 64, 4, 8, 8, &nnz, &sq, &one) == AC_OK && nnz == 0 && sq == 0 &&
                one == 0, "sample: all zero");
+    /* splitmix64's first output for seed 0 */
+    report(ac_sample_mix(0) == 0xE220A8397B1DCDAFull, "ac_sample_mix(0)");
     for (int trial = 0; trial < 2000; trial++) {
         int es = trial % 3 == 0 ? 2 : trial % 3 == 1 ? 4 : 8;
         size_t n = 1 + rnd_below(500), runs = 1 + rnd_below(20), len = 1 + rnd_below(20);
@@ -294,7 +296,8 @@ static void sample_tests(void) {
         for (size_t r = 0; r < runs; r++) {
             uint64_t c = 0;
             for (size_t i = 0; i < len; i++) {
-                uint64_t v = get_elem(buf + (r * (n / runs) + i) * es, es);
+                size_t start = r * (n / runs) + (size_t)(ac_sample_mix(r) % (n / runs - len + 1));
+                uint64_t v = get_elem(buf + (start + i) * es, es);
                 if (!v) continue;
                 if (want + c == 0) first = v;
                 else if (v != first) same = 0;
