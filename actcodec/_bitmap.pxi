@@ -59,9 +59,9 @@ def bitmap_decode(const uint8_t[::1] bitmap, const uint8_t[::1] values, int esiz
 
 
 def sample_nonzero(const uint8_t[::1] src, int esize, size_t runs, size_t run_len):
-    """Nonzero counts of `runs` evenly spaced runs of run_len elements of a flat byte view:
-    (nonzero total, sum of the runs' squared counts, whether every nonzero sampled element
-    has one bit pattern)."""
+    """Nonzero counts of `runs` runs of run_len elements of a flat byte view, one at a hashed
+    offset in each of `runs` equal stretches: (nonzero total, sum of the runs' squared counts,
+    whether every nonzero sampled element has one bit pattern)."""
     if esize not in (2, 4, 8) or src.shape[0] % esize:
         raise ValueError(f"sample_nonzero: {src.shape[0]} bytes is not a whole number of "
                          f"{esize}-byte elements")
@@ -75,3 +75,20 @@ def sample_nonzero(const uint8_t[::1] src, int esize, size_t runs, size_t run_le
         status = ac_sample_nonzero(s, n, esize, runs, run_len, &nnz, &sumsq, &one)
     _check(status, "sample_nonzero")
     return nnz, sumsq, bool(one)
+
+
+def nonzero_share_floor(const uint8_t[::1] src, int esize):
+    """(a lower bound on the share of nonzero elements from a 64-run sample, whether every
+    nonzero sampled element has one bit pattern); (0.0, False) under 4096 elements."""
+    if esize not in (2, 4, 8) or src.shape[0] % esize:
+        raise ValueError(f"nonzero_share_floor: {src.shape[0]} bytes is not a whole number of "
+                         f"{esize}-byte elements")
+    cdef size_t n = src.shape[0] // esize
+    if n == 0:
+        return 0.0, False
+    cdef int one = 0
+    cdef double low
+    cdef const uint8_t *s = _cptr(src)
+    with nogil:
+        low = ac_nonzero_share_floor(s, n, esize, &one)
+    return low, bool(one)

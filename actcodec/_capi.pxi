@@ -27,6 +27,7 @@ cdef extern from "actcodec.h" nogil:
     int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz)
     int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t run_len,
                           uint64_t *nnz, uint64_t *sumsq, int *one_value)
+    double ac_nonzero_share_floor(const void *src, size_t n, int esize, int *one_value)
     int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
                          int esize, void *dst)
     size_t ac_quant_packed_nbytes(size_t n, int bits)

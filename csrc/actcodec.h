@@ -81,6 +81,10 @@ int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size
 uint64_t ac_sample_mix(uint64_t x);
 int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t run_len,
                       uint64_t *nnz, uint64_t *sumsq, int *one_value);
+/* A lower bound on the share of nonzero elements, from 64 runs of 64: the sample's share
+ * minus five standard errors (runs as the unit, since neighbours are alike) and one run's
+ * worth; 0 when that is not positive or n < 4096. *one_value (may be NULL) as above. */
+double ac_nonzero_share_floor(const void *src, size_t n, int esize, int *one_value);
 
 /* ---- dynamic k-bit quantization (quant.c) ----
  * Groups of `group` consecutive elements (the last may be short; group >= n means one group

@@ -1,6 +1,5 @@
 /* Sparse bitmap codec driver: splits the array into blocks, runs the active ISA's block
  * kernels over the configured threads, and validates everything decode is given. */
-#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,18 +45,11 @@ static size_t encode_serial(const ac_kernels *k, int idx, const unsigned char *s
 
 #ifdef _OPENMP
 /* Output bytes certain enough to be written that touching them early cannot commit pages the
- * encoding never uses: a sample of 64 runs of 64 elements gives the nonzero share, and five
- * standard errors (runs as the unit) come off it. Lossless only: a prune threshold changes
- * what counts as zero, so then nothing is expected and nothing touched. */
+ * encoding never uses: the sample's lower bound on the nonzero share. Lossless only: a prune
+ * threshold changes what counts as zero, so then nothing is expected and nothing touched. */
 static size_t expected_output(const void *src, size_t n, int esize, uint64_t prune_abs_bits) {
-    uint64_t nnz, sumsq;
-    int one;
-    if (prune_abs_bits != 0 ||
-        ac_sample_nonzero(src, n, esize, 64, 64, &nnz, &sumsq, &one) != AC_OK)
-        return 0;
-    double mean = (double)nnz / 4096.0, var = (double)sumsq / (4096.0 * 64.0) - mean * mean;
-    double low = mean - 5.0 * sqrt(var > 0 ? var / 64.0 : 0.0) - 1.0 / 64.0;
-    return low <= 0 ? 0 : (size_t)(low * (double)n) * (size_t)esize;
+    if (prune_abs_bits != 0) return 0;
+    return (size_t)(ac_nonzero_share_floor(src, n, esize, NULL) * (double)n) * (size_t)esize;
 }
 
 /* Threaded encode in one pass over the input (a chained scan). Blocks go round-robin; a

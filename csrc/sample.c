@@ -4,6 +4,7 @@
  * The offsets are hashed, not evenly spaced: an even spacing of n/runs lines up with a batch
  * of 64 or 128 and reads the same position of every sample. Scalar on purpose: a sample is
  * a few KiB. */
+#include <math.h>
 #include <string.h>
 #include "actcodec.h"
 
@@ -50,4 +51,18 @@ int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t 
     *sumsq = squares;
     *one_value = total > 0 && same;
     return AC_OK;
+}
+
+double ac_nonzero_share_floor(const void *src, size_t n, int esize, int *one_value) {
+    enum { RUNS = 64, LEN = 64 };
+    uint64_t nnz, sumsq;
+    int one = 0;
+    double low = 0.0;
+    if (ac_sample_nonzero(src, n, esize, RUNS, LEN, &nnz, &sumsq, &one) == AC_OK) {
+        double mean = (double)nnz / (RUNS * LEN);
+        double var = (double)sumsq / ((double)RUNS * LEN * LEN) - mean * mean;
+        low = mean - 5.0 * sqrt(var > 0 ? var / RUNS : 0.0) - 1.0 / RUNS;
+    }
+    if (one_value != NULL) *one_value = one;
+    return low > 0 ? low : 0.0;
 }

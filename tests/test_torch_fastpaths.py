@@ -60,6 +60,24 @@ def test_sample_nonzero_matches_reference(esize, n, runs, run_len, p_zero, value
     assert _ext.sample_nonzero(raw, esize, runs, run_len) == sample_reference(bits, runs, run_len)
 
 
+@settings(max_examples=100, deadline=None)
+@given(esize=st.sampled_from([2, 4, 8]), n=st.integers(0, 20000),
+       p_zero=st.sampled_from([0.0, 0.05, 0.5, 0.95, 1.0]), seed=st.integers(0, 2**32 - 1))
+def test_nonzero_share_floor_is_the_sample_minus_five_standard_errors(esize, n, p_zero, seed):
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(1, 1000, n).astype(UINT[esize])
+    bits[rng.random(n) < p_zero] = 0
+    low, one = _ext.nonzero_share_floor(bits.view(np.uint8), esize)
+    if n < 64 * 64:
+        assert (low, one) == (0.0, False)
+        return
+    nnz, sumsq, want_one = sample_reference(bits, 64, 64)
+    mean = nnz / 4096
+    var = max(0.0, sumsq / 64**3 - mean * mean)
+    want = max(0.0, mean - 5 * (var / 64) ** 0.5 - 1 / 64)
+    assert one == want_one and low == pytest.approx(want, abs=1e-12)
+
+
 def test_sample_nonzero_rejects_bad_arguments():
     with pytest.raises(ValueError, match="whole number"):
         _ext.sample_nonzero(np.zeros(7, np.uint8), 4, 1, 1)

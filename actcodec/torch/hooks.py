@@ -107,12 +107,10 @@ class compress_saved:
     def _pack(self, t: torch.Tensor):
         if ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)
                 or t.is_complex()):
-            self.stats.kept += 1
-            return Kept(t)
+            return self._keep(t)
         nbytes = t.numel() * t.element_size()
         if nbytes < self.policy.min_bytes:  # what policy.setting would say, without the lookups
-            self.stats.kept += 1
-            return Kept(t)
+            return self._keep(t)
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                tuple(t.stride()), t._version, t.device)
         hit = self._seen.get(key)
@@ -126,16 +124,18 @@ class compress_saved:
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, nbytes)
         if setting.codec == "keep":
-            self.stats.kept += 1
-            return Kept(t)
+            return self._keep(t)
         t0 = time.perf_counter()
         packed = packing.pack(t.detach(), setting)
         if packed.meta.kind == "kept":
-            self.stats.kept += 1
-            return Kept(t)
+            return self._keep(t)
         self.stats.add(layer, op, packed, time.perf_counter() - t0)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
+
+    def _keep(self, t: torch.Tensor) -> "Kept":
+        self.stats.kept += 1
+        return Kept(t)
 
     @staticmethod
     def _unpack(packed):

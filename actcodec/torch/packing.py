@@ -177,7 +177,7 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
     if setting.codec != "keep" and t.dtype in _NARROWER:
         return _narrow(t, nbytes)
     if setting.codec == "keep" or (t.dtype not in FLOATS and t.dtype != torch.bool):
-        return Packed(Meta("kept", "keep", t.dtype, tuple(t.shape), original_nbytes=nbytes), (t,))
+        return _kept(t, nbytes)
     shape = tuple(t.shape)
     if t.device.type != "cpu":
         return _pack_device(t, setting, shape, nbytes)
@@ -187,7 +187,7 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
     if setting.codec == "auto" and _dense_beyond_doubt(arr, setting):
         # Dense: the smallest encoding is k-bit dense (or raw), so skip the bitmap pass.
         if setting.bits is None:
-            return Packed(Meta("kept", "keep", t.dtype, shape, original_nbytes=nbytes), (t,))
+            return _kept(t, nbytes)
         enc = auto.encode(arr, "quant", dtype=tag, **_codec_kwargs(setting))
     elif setting.codec in ("auto", "bitmap", "bitmap_quant"):
         # One bitmap pass gives the counts for the choice, the lossless encoding and the mask
@@ -201,7 +201,7 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
             codec = auto.smallest(auto.sizes_from_counts(arr.size, values.size, arr.itemsize,
                                                          setting.bits, setting.group_size))
         if codec == "raw":  # a copy would hold the same bytes: keep the tensor itself
-            return Packed(Meta("kept", "keep", t.dtype, shape, original_nbytes=nbytes), (t,))
+            return _kept(t, nbytes)
         if codec == "bitmap":
             enc = lossless
         elif codec == "bitmap_quant":
@@ -215,11 +215,7 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
     return Packed(meta, payload)
 
 
-# A dense tensor is told without a bitmap pass from _CHUNKS runs of _RUN elements, one at a
-# hashed offset in each of _CHUNKS equal stretches (ac_sample_nonzero: a few cache lines per
-# run, so the sample costs little, and no alignment with a batch or channel layout); tensors
-# under _SAMPLE_MIN elements take the exact pass, which is cheap for them.
-_CHUNKS, _RUN = 64, 64
+# Below this many elements `auto` takes the exact pass, which is cheap for them.
 _SAMPLE_MIN = 64 * 1024
 
 
@@ -227,27 +223,26 @@ def _dense_beyond_doubt(arr: np.ndarray, setting: Setting) -> bool:
     """Whether a sample shows so many nonzero elements that no bitmap-based codec can be the
     smallest. The bitmap pass of `auto` costs about a copy of the tensor; most saved
     activations (convolution and norm inputs) are dense, and this skips it for them. The
-    test is conservative: the runs' mean nonzero share minus five standard errors (runs as
-    the unit, since neighbours are alike) must still make k-bit dense (or the tensor as it
-    is, when lossless) the smallest. A wrong call is rare, and costs bytes and, when lossy,
-    the exact zeros bitmap_quant would have kept (a ReLU output's zeros decide its backward
-    mask); never the lossless guarantee. A sample whose nonzero values all have one bit
-    pattern might be a mask (dropout keeps most elements): no decision then."""
+    test is conservative: the sample's lower bound on the nonzero share
+    (`ac_nonzero_share_floor`: 64 runs of 64 elements at hashed offsets, minus five standard
+    errors) must still make k-bit dense (or the tensor as it is, when lossless) the smallest.
+    A wrong call is rare, and costs bytes and, when lossy, the exact zeros bitmap_quant would
+    have kept (a ReLU output's zeros decide its backward mask); never the lossless guarantee.
+    A sample whose nonzero values all have one bit pattern might be a mask (dropout keeps
+    most elements): no decision then."""
     n = arr.size
     if n < _SAMPLE_MIN:
         return False
-    nnz, sumsq, one_value = _ext.sample_nonzero(arr.reshape(-1).view(np.uint8), arr.itemsize,
-                                                _CHUNKS, _RUN)
-    if one_value:
-        return False
-    mean = nnz / (_CHUNKS * _RUN)
-    var = max(0.0, sumsq / (_CHUNKS * _RUN * _RUN) - mean * mean)
-    low = mean - 5.0 * (var / _CHUNKS) ** 0.5 - 1.0 / _CHUNKS
-    if low <= 0:
+    low, one_value = _ext.nonzero_share_floor(arr.reshape(-1).view(np.uint8), arr.itemsize)
+    if one_value or low <= 0:
         return False
     sizes = auto.sizes_from_counts(n, int(low * n), arr.itemsize, setting.bits,
                                    setting.group_size)
     return auto.smallest(sizes) in ("quant", "raw")
+
+
+def _kept(t: torch.Tensor, nbytes: int) -> Packed:
+    return Packed(Meta("kept", "keep", t.dtype, tuple(t.shape), original_nbytes=nbytes), (t,))
 
 
 _NARROWER = {torch.int64: (torch.int8, torch.int16, torch.int32),
@@ -264,7 +259,7 @@ def _narrow(t, nbytes) -> Packed:
             if info.min <= lo and hi <= info.max:
                 return Packed(Meta("narrow", f"int{info.bits}", t.dtype, shape,
                                    original_nbytes=nbytes), (t.to(small),))
-    return Packed(Meta("kept", "keep", t.dtype, shape, original_nbytes=nbytes), (t,))
+    return _kept(t, nbytes)
 
 
 def _pack_device(t, setting, shape, nbytes) -> Packed:
