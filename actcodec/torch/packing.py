@@ -194,7 +194,7 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
         # test; quant of the nonzeros reuses it.
         lossless = bitmap.encode(arr, dtype=tag)
         values = lossless.buffers[1].view(_NP_UINT[arr.itemsize])
-        if setting.codec == "auto" and values.size and (values == values[0]).all():
+        if setting.codec == "auto" and _one_value(values):
             return _mask(lossless.buffers[0], values[:1].copy(), t.dtype, shape, nbytes)
         codec = setting.codec
         if codec == "auto":
@@ -239,6 +239,15 @@ def _dense_beyond_doubt(arr: np.ndarray, setting: Setting) -> bool:
     sizes = auto.sizes_from_counts(n, int(low * n), arr.itemsize, setting.bits,
                                    setting.group_size)
     return auto.smallest(sizes) in ("quant", "raw")
+
+
+def _one_value(values: np.ndarray) -> bool:
+    """Whether every nonzero element has one bit pattern (a mask). Activations differ within
+    their first few values, so a short prefix settles most tensors before the full pass."""
+    if not values.size:
+        return False
+    first = values[0]
+    return bool((values[:64] == first).all() and (values == first).all())
 
 
 def _kept(t: torch.Tensor, nbytes: int) -> Packed:
