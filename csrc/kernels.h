@@ -32,6 +32,15 @@ typedef int (*ac_minmax_fn)(const float *x, size_t n, float *mn, float *mx);
  * element i draws ac_uniform_bits(key, idx0 + i) (idx0 + n never wraps: the driver splits). */
 typedef void (*ac_quantize_fn)(const float *x, size_t n, float mn, float inv, uint32_t levels,
                                uint32_t key, uint32_t idx0, uint8_t *codes);
+/* The same two kernels over consecutive groups of G elements (the last may be short): one
+ * call per tile instead of one per group, so the groups' min/max reductions, and then their
+ * quantize loops, overlap in the pipeline. minmax_groups returns 1 if any group held NaN/inf;
+ * quantize_groups gives group g's elements mn[g] and inv[g] (element i of the run draws
+ * ac_uniform_bits(key, idx0 + i), as above). */
+typedef int (*ac_minmax_groups_fn)(const float *x, size_t n, size_t G, float *mn, float *mx);
+typedef void (*ac_quantize_groups_fn)(const float *x, size_t n, size_t G, const float *mn,
+                                      const float *inv, uint32_t levels, uint32_t key,
+                                      uint32_t idx0, uint8_t *codes);
 /* out[i] = mn + (float)codes[i] * scale. */
 typedef void (*ac_dequantize_fn)(const uint8_t *codes, size_t n, float mn, float scale,
                                  float *out);
@@ -48,6 +57,8 @@ typedef struct {
     ac_popcount_fn popcount;
     ac_minmax_fn minmax;
     ac_quantize_fn quantize[2][2];   /* [bit trick?][rounding] */
+    ac_minmax_groups_fn minmax_groups;
+    ac_quantize_groups_fn quantize_groups[2][2];
     ac_dequantize_fn dequantize[2];  /* [bit trick?] */
     ac_pack_fn pack[4];              /* [log2(bits)]: 1, 2, 4, 8 bits */
     ac_unpack_fn unpack[4];
@@ -62,7 +73,7 @@ static inline int ac_esize_index(int esize) {
 
 /* The quantization entries every ISA file fills under the same kernel names: minmax by
  * argument, quantize_{trick,cast}_{nearest,stochastic}, dequantize_{trick,cast},
- * pack_/unpack_{1,2,4} and the 8-bit pair by argument. */
+ * pack_/unpack_{1,2,4} and the 8-bit pair by argument, and the group kernels above. */
 #define AC_FILL_QUANT_TABLE(k, MINMAX, PACK8, UNPACK8)                                      \
     do {                                                                                    \
         (k)->minmax = MINMAX;                                                               \
@@ -70,6 +81,11 @@ static inline int ac_esize_index(int esize) {
         (k)->quantize[1][AC_ROUND_STOCHASTIC] = quantize_trick_stochastic;                  \
         (k)->quantize[0][AC_ROUND_NEAREST] = quantize_cast_nearest;                         \
         (k)->quantize[0][AC_ROUND_STOCHASTIC] = quantize_cast_stochastic;                   \
+        (k)->minmax_groups = minmax_groups;                                                 \
+        (k)->quantize_groups[1][AC_ROUND_NEAREST] = quantize_groups_trick_nearest;          \
+        (k)->quantize_groups[1][AC_ROUND_STOCHASTIC] = quantize_groups_trick_stochastic;    \
+        (k)->quantize_groups[0][AC_ROUND_NEAREST] = quantize_groups_cast_nearest;           \
+        (k)->quantize_groups[0][AC_ROUND_STOCHASTIC] = quantize_groups_cast_stochastic;     \
         (k)->dequantize[1] = dequantize_trick;                                              \
         (k)->dequantize[0] = dequantize_cast;                                               \
         (k)->pack[0] = pack_1;                                                              \

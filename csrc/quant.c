@@ -111,6 +111,36 @@ static size_t range_minmax(const job *j, size_t s, size_t e, float *buf, float *
     return NONE;
 }
 
+/* Groups of G elements dividing TILE: a tile starts on a group boundary and holds whole
+ * groups (the array's last may be short), so it can go to the group kernels in two calls. */
+#define GROUPS_PER_TILE_MAX (TILE / 32)
+
+/* Encodes tile [ts, te) (x: its float32 elements) through the group kernels: every min/max,
+ * then every scale, then every code. Returns 0, with nothing written, when the tile needs the
+ * per-group path: a group size that does not divide the tile, the per-tensor mode, a NaN/inf
+ * (whose index that path finds), a range that overflows, or a scale too small to invert. */
+static int tile_of_groups(const job *j, size_t ts, size_t te, const float *x, uint32_t levels,
+                          uint32_t key, uint8_t *codes) {
+    size_t G = j->group, nt = te - ts;
+    if (j->fixed || G > TILE || TILE % G != 0) return 0;
+    size_t g0 = ts / G, ng = (nt + G - 1) / G;
+    float lo[GROUPS_PER_TILE_MAX], hi[GROUPS_PER_TILE_MAX];
+    float scale[GROUPS_PER_TILE_MAX], inv[GROUPS_PER_TILE_MAX];
+    if (j->k->minmax_groups(x, nt, G, lo, hi)) return 0;
+    for (size_t g = 0; g < ng; g++) {
+        lo[g] += 0.0f; /* one zero on every path, as in range_minmax */
+        hi[g] += 0.0f;
+        scale[g] = (hi[g] - lo[g]) / (float)levels;
+        inv[g] = scale[g] > 0 ? 1.0f / scale[g] : 0.0f;
+        if (!isfinite(scale[g]) || isinf(inv[g])) return 0;
+    }
+    memcpy(j->mins + g0, lo, ng * sizeof *lo);
+    memcpy(j->scales + g0, scale, ng * sizeof *scale);
+    j->k->quantize_groups[j->trick][j->rounding](x, nt, G, lo, inv, levels, key, (uint32_t)ts,
+                                                  codes);
+    return 1;
+}
+
 /* Encodes elements [a, b) (a on a 256-code boundary). Returns NONE or the first bad index. */
 static size_t encode_range(const job *j, size_t a, size_t b) {
     const ac_kernels *k = j->k;
@@ -126,7 +156,9 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
         uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes;
         /* Tiles start on multiples of TILE, which divides 2^32: one key serves the tile. */
         uint32_t key = ac_round_key(j->seed, (uint32_t)((uint64_t)ts >> 32));
-        for (size_t s = ts; s < te;) {
+        size_t s = ts;
+        if (tile_of_groups(j, ts, te, x, levels, key, cbuf)) s = te;
+        for (; s < te;) {
             size_t g = s / G, gs = g * G, ge = j->n - gs < G ? j->n : gs + G;
             size_t e = ge < te ? ge : te;
             if (g != g_cur) {

@@ -176,6 +176,7 @@ DEFINE_QUANTIZE(quantize_trick_nearest, AC_Q_NEAREST_TRICK)
 DEFINE_QUANTIZE(quantize_cast_nearest, AC_Q_NEAREST_CAST)
 DEFINE_QUANTIZE(quantize_trick_stochastic, AC_Q_FLOOR_TRICK)
 DEFINE_QUANTIZE(quantize_cast_stochastic, AC_Q_FLOOR_CAST)
+AC_DEFINE_GROUP_KERNELS(AVX2_FN, minmax_avx2, quantize_run)
 
 /* ---- dequantize ---- */
 

@@ -3,6 +3,7 @@
 #include <math.h>
 #include "kernels.h"
 #include "quant_common.h"
+#include "quant_simd.h"
 
 static int minmax_scalar(const float *x, size_t n, float *mn, float *mx) {
     float lo = x[0], hi = x[0];
@@ -55,6 +56,16 @@ static inline uint32_t floor_cast(float y) { return (uint32_t)y; /* truncation; 
 
 DEFINE_QUANTIZE(quantize_trick, round_trick, floor_trick)
 DEFINE_QUANTIZE(quantize_cast, round_cast, floor_cast)
+
+/* The four kernels by kind, for the group kernels. */
+static inline void quantize_run(int kind, const float *x, size_t n, float mn, float inv,
+                                uint32_t levels, uint32_t key, uint32_t idx0, uint8_t *c) {
+    if (kind == AC_Q_NEAREST_TRICK) quantize_trick_nearest(x, n, mn, inv, levels, key, idx0, c);
+    else if (kind == AC_Q_NEAREST_CAST) quantize_cast_nearest(x, n, mn, inv, levels, key, idx0, c);
+    else if (kind == AC_Q_FLOOR_TRICK) quantize_trick_stochastic(x, n, mn, inv, levels, key, idx0, c);
+    else quantize_cast_stochastic(x, n, mn, inv, levels, key, idx0, c);
+}
+AC_DEFINE_GROUP_KERNELS(static, minmax_scalar, quantize_run)
 
 static void dequantize_trick(const uint8_t *c, size_t n, float mn, float scale, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = mn + code_trick(c[i]) * scale;

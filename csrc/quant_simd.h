@@ -1,5 +1,6 @@
-/* Pieces the SIMD quantization kernels (quant_sse2.c, quant_avx2.c, quant_neon.c) share.
- * Every kernel there must equal quant_scalar.c bit for bit; tests/c/test_quant.c checks it.
+/* Pieces the quantization kernel files share (the SIMD ones, quant_sse2.c, quant_avx2.c and
+ * quant_neon.c, and for the group kernels quant_scalar.c too). Every SIMD kernel must equal
+ * quant_scalar.c bit for bit; tests/c/test_quant.c checks it.
  *
  * Domain, as in the reference: minmax sees finite floats (or reports that it did not);
  * quantize sees 0 <= t = (x - mn) * inv < 2^23 (the driver's t stays within ~levels + 1), so
@@ -41,11 +42,38 @@ enum { AC_Q_NEAREST_TRICK, AC_Q_NEAREST_CAST, AC_Q_FLOOR_TRICK, AC_Q_FLOOR_CAST 
         }                                                                                   \
     } while (0)
 
+/* The group kernels of one ISA file, from its minmax function MINMAX and its quantize loop
+ * QUANTIZE_RUN(kind, x, n, mn, inv, levels, key, idx0, codes), kind one of AC_Q_* (a
+ * constant, so each copy keeps only its own arithmetic). Both are inlined per group. */
+#define AC_DEFINE_GROUP_KERNELS(QUALIFIERS, MINMAX, QUANTIZE_RUN)                           \
+    QUALIFIERS int minmax_groups(const float *x, size_t n, size_t G, float *mn, float *mx) {  \
+        int bad = 0;                                                                        \
+        for (size_t g = 0, s = 0; s < n; g++, s += G)                                       \
+            bad |= MINMAX(x + s, n - s < G ? n - s : G, &mn[g], &mx[g]);                    \
+        return bad;                                                                         \
+    }                                                                                       \
+    AC_DEFINE_QUANTIZE_GROUPS(QUALIFIERS, quantize_groups_trick_nearest, AC_Q_NEAREST_TRICK, \
+                              QUANTIZE_RUN)                                                 \
+    AC_DEFINE_QUANTIZE_GROUPS(QUALIFIERS, quantize_groups_cast_nearest, AC_Q_NEAREST_CAST,  \
+                              QUANTIZE_RUN)                                                 \
+    AC_DEFINE_QUANTIZE_GROUPS(QUALIFIERS, quantize_groups_trick_stochastic, AC_Q_FLOOR_TRICK, \
+                              QUANTIZE_RUN)                                                 \
+    AC_DEFINE_QUANTIZE_GROUPS(QUALIFIERS, quantize_groups_cast_stochastic, AC_Q_FLOOR_CAST, \
+                              QUANTIZE_RUN)
+#define AC_DEFINE_QUANTIZE_GROUPS(QUALIFIERS, NAME, KIND, QUANTIZE_RUN)                     \
+    QUALIFIERS void NAME(const float *x, size_t n, size_t G, const float *mn,               \
+                         const float *inv, uint32_t levels, uint32_t key, uint32_t idx0,    \
+                         uint8_t *codes) {                                                  \
+        for (size_t g = 0, s = 0; s < n; g++, s += G)                                       \
+            QUANTIZE_RUN(KIND, x + s, n - s < G ? n - s : G, mn[g], inv[g], levels, key,    \
+                         idx0 + (uint32_t)s, codes + s);                                    \
+    }
+
 /* 8-bit codes: the unified layout is the identity. */
-static void ac_pack8_copy(const uint8_t *codes, size_t nblocks, uint8_t *out) {
+static inline void ac_pack8_copy(const uint8_t *codes, size_t nblocks, uint8_t *out) {
     if (nblocks) memcpy(out, codes, nblocks * 32);
 }
-static void ac_unpack8_copy(const uint8_t *in, size_t nblocks, uint8_t *codes) {
+static inline void ac_unpack8_copy(const uint8_t *in, size_t nblocks, uint8_t *codes) {
     if (nblocks) memcpy(codes, in, nblocks * 32);
 }
 

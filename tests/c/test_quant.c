@@ -294,6 +294,88 @@ static void quantize_tests(void) {
             for (int b = 0; b < 4; b++) quantize_case(large[i], p, bits_list[b]);
 }
 
+/* ---- group kernels: one call over consecutive groups = one call per group ---- */
+
+static void groups_case(size_t n, size_t G, int bits, int with_bad) {
+    const uint32_t levels = (1u << bits) - 1u, key = (uint32_t)rnd(), idx0 = (uint32_t)rnd();
+    const size_t off = rnd_below(8), ng = (n + G - 1) / G;
+    float *block = xmalloc((off + n + 1) * sizeof(float)), *x = block + off;
+    float *mn = xmalloc((ng + 1) * sizeof(float)), *mx = xmalloc((ng + 1) * sizeof(float));
+    float *gmn = xmalloc((ng + 1) * sizeof(float)), *ginv = xmalloc((ng + 1) * sizeof(float));
+    uint8_t *want = xmalloc(n + 1);
+    guarded got = guarded_new(n, rnd_below(32));
+    int want_bad = 0;
+    for (size_t s = 0, g = 0; s < n; s += G, g++) { /* each group its own range */
+        size_t len = n - s < G ? n - s : G;
+        float lo = rnd_mag(-20, 20), width = fabsf(rnd_mag(-20, 20));
+        for (size_t i = 0; i < len; i++)
+            x[s + i] = rnd() % 8 ? lo + width * (float)rnd01() : signed_zero();
+        if (!driver_params(x + s, len, levels, &gmn[g], &ginv[g])) {
+            gmn[g] = 0.0f; /* keep t in the kernels' domain: codes clamp at levels */
+            ginv[g] = 0.0f;
+        }
+    }
+    if (with_bad && n) x[rnd_below(n)] = u2f(rnd_nonfinite_bits());
+    for (size_t s = 0, g = 0; s < n; s += G, g++) {
+        size_t len = n - s < G ? n - s : G;
+        float lo, hi;
+        want_bad |= ref.minmax(x + s, len, &lo, &hi);
+        mn[g] = lo;
+        mx[g] = hi;
+        ref.quantize[0][0](x + s, len, gmn[g], ginv[g], levels, key, idx0 + (uint32_t)s,
+                           want + s);
+    }
+    for (int t = -1; t < n_simd; t++) {
+        const ac_kernels *k = t < 0 ? &ref : &simd[t].k;
+        const char *isa = t < 0 ? "scalar" : ac_isa_name(simd[t].isa);
+        float *lo = xmalloc((ng + 1) * sizeof(float)), *hi = xmalloc((ng + 1) * sizeof(float));
+        int bad = n ? k->minmax_groups(x, n, G, lo, hi) : 0;
+        size_t g = 0;
+        while (!bad && g < ng && f2u(lo[g]) == f2u(mn[g]) && f2u(hi[g]) == f2u(mx[g])) g++;
+        report(bad == want_bad && (bad || g == ng),
+               "minmax_groups isa=%s n=%zu G=%zu: nonfinite %d/%d, group %zu", isa, n, G, bad,
+               want_bad, g);
+        free(lo);
+        free(hi);
+        if (want_bad) continue;
+        for (int trick = 0; trick < 2; trick++) {
+            uint8_t *ref_codes = xmalloc(n + 1);
+            for (size_t s = 0, h = 0; s < n; s += G, h++) /* this rounding's reference */
+                ref.quantize[trick][1](x + s, n - s < G ? n - s : G, gmn[h], ginv[h], levels,
+                                       key, idx0 + (uint32_t)s, ref_codes + s);
+            for (int r = 0; r < 2; r++) {
+                const uint8_t *w = r == 0 ? want : ref_codes;
+                guarded_reset(&got);
+                k->quantize_groups[trick][r](x, n, G, gmn, ginv, levels, key, idx0, got.p);
+                size_t i = 0;
+                while (i < n && got.p[i] == w[i]) i++;
+                report(i == n && guarded_clean(&got),
+                       "quantize_groups isa=%s n=%zu G=%zu bits=%d trick=%d round=%d: %s at %zu",
+                       isa, n, G, bits, trick, r, i < n ? "code" : "stray write", i);
+            }
+            free(ref_codes);
+        }
+    }
+    free(got.block);
+    free(want);
+    free(gmn);
+    free(ginv);
+    free(mn);
+    free(mx);
+    free(block);
+}
+
+static void groups_tests(void) {
+    static const size_t sizes[] = {32, 33, 64, 96, 100, 256, 1000, 4096};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (int rep = 0; rep < 12; rep++) {
+            size_t G = sizes[i], n = rep < 4 ? rnd_below(3 * G + 2) : G * (1 + rnd_below(5));
+            groups_case(n, G, bits_list[rep % 4], rep % 5 == 4);
+        }
+    groups_case(4096, 256, 2, 0);
+    groups_case(4096 - 7, 32, 8, 0);
+}
+
 /* ---- dequantize ---- */
 
 static void dequantize_case(size_t n) {
@@ -885,6 +967,7 @@ int main(void) {
     unsigned long long before = n_passed + n_failed;
     minmax_tests();
     quantize_tests();
+    groups_tests();
     dequantize_tests();
     pack_tests();
     conversion_tests();
