@@ -44,6 +44,10 @@ typedef void (*ac_quantize_groups_fn)(const float *x, size_t n, size_t G, const 
 /* out[i] = mn + (float)codes[i] * scale. */
 typedef void (*ac_dequantize_fn)(const uint8_t *codes, size_t n, float mn, float scale,
                                  float *out);
+/* dequantize over consecutive groups of G elements (the last may be short), group g with
+ * mn[g] and scale[g]: one call per tile. */
+typedef void (*ac_dequantize_groups_fn)(const uint8_t *codes, size_t n, size_t G,
+                                        const float *mn, const float *scale, float *out);
 /* nblocks whole blocks of the unified layout: P = 256 / bits codes <-> 32 bytes each. */
 typedef void (*ac_pack_fn)(const uint8_t *codes, size_t nblocks, uint8_t *out);
 typedef void (*ac_unpack_fn)(const uint8_t *in, size_t nblocks, uint8_t *codes);
@@ -60,6 +64,7 @@ typedef struct {
     ac_minmax_groups_fn minmax_groups;
     ac_quantize_groups_fn quantize_groups[2][2];
     ac_dequantize_fn dequantize[2];  /* [bit trick?] */
+    ac_dequantize_groups_fn dequantize_groups[2];
     ac_pack_fn pack[4];              /* [log2(bits)]: 1, 2, 4, 8 bits */
     ac_unpack_fn unpack[4];
     ac_to_f32_fn to_f32[5];          /* [ac_dtype]; the AC_F32 entry is unused */
@@ -88,6 +93,8 @@ static inline int ac_esize_index(int esize) {
         (k)->quantize_groups[0][AC_ROUND_STOCHASTIC] = quantize_groups_cast_stochastic;     \
         (k)->dequantize[1] = dequantize_trick;                                              \
         (k)->dequantize[0] = dequantize_cast;                                               \
+        (k)->dequantize_groups[1] = dequantize_groups_trick;                                \
+        (k)->dequantize_groups[0] = dequantize_groups_cast;                                 \
         (k)->pack[0] = pack_1;                                                              \
         (k)->pack[1] = pack_2;                                                              \
         (k)->pack[2] = pack_4;                                                              \

@@ -219,7 +219,12 @@ static void decode_range(const job *j, size_t a, size_t b, int out_dtype) {
             memcpy(codes + full * per, c, rem);
         }
         float *y = out_dtype == AC_F32 ? (float *)(dst + ts * 4) : fbuf;
-        for (size_t s = ts; s < te;) {
+        size_t s = ts;
+        if (G <= TILE && TILE % G == 0) { /* whole groups: one call for the tile */
+            k->dequantize_groups[j->trick](cbuf, nt, G, j->mins + ts / G, j->scales + ts / G, y);
+            s = te;
+        }
+        for (; s < te;) {
             size_t g = s / G, ge = j->n - g * G < G ? j->n : g * G + G;
             size_t e = ge < te ? ge : te;
             k->dequantize[j->trick](cbuf + (s - ts), e - s, j->mins[g], j->scales[g], y + (s - ts));

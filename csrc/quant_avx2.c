@@ -206,6 +206,7 @@ AVX2_FN void dequantize_trick(const uint8_t *c, size_t n, float mn, float scale,
 AVX2_FN void dequantize_cast(const uint8_t *c, size_t n, float mn, float scale, float *out) {
     dequantize_run(0, c, n, mn, scale, out);
 }
+AC_DEFINE_DEQUANTIZE_GROUPS(AVX2_FN, dequantize_run)
 
 /* ---- bit packing: byte j of a block holds codes j + 32 i at bit offset bits * i ---- */
 

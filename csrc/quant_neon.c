@@ -178,6 +178,7 @@ static void dequantize_trick(const uint8_t *c, size_t n, float mn, float scale, 
 static void dequantize_cast(const uint8_t *c, size_t n, float mn, float scale, float *out) {
     dequantize_run(0, c, n, mn, scale, out);
 }
+AC_DEFINE_DEQUANTIZE_GROUPS(static, dequantize_run)
 
 /* ---- bit packing: byte j of a block holds codes j + 32 i at bit offset bits * i ----
  * Shift counts must be immediates, so each width gets its own pair of functions. */

@@ -73,6 +73,12 @@ static void dequantize_trick(const uint8_t *c, size_t n, float mn, float scale, 
 static void dequantize_cast(const uint8_t *c, size_t n, float mn, float scale, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = mn + code_cast(c[i]) * scale;
 }
+static inline void dequantize_run(int trick, const uint8_t *c, size_t n, float mn, float scale,
+                                  float *out) {
+    if (trick) dequantize_trick(c, n, mn, scale, out);
+    else dequantize_cast(c, n, mn, scale, out);
+}
+AC_DEFINE_DEQUANTIZE_GROUPS(static, dequantize_run)
 
 /* Unified layout: byte j of a 32-byte block holds codes j, j+32, j+64, ... at bit offsets
  * 0, bits, 2*bits, ... */

@@ -69,6 +69,20 @@ enum { AC_Q_NEAREST_TRICK, AC_Q_NEAREST_CAST, AC_Q_FLOOR_TRICK, AC_Q_FLOOR_CAST 
                          idx0 + (uint32_t)s, codes + s);                                    \
     }
 
+/* The dequantize group kernels of one ISA file, from its loop
+ * DEQUANTIZE_RUN(trick, codes, n, mn, scale, out), inlined per group. */
+#define AC_DEFINE_DEQUANTIZE_GROUPS(QUALIFIERS, DEQUANTIZE_RUN)                             \
+    QUALIFIERS void dequantize_groups_trick(const uint8_t *c, size_t n, size_t G,             \
+                                            const float *mn, const float *scale, float *out) { \
+        for (size_t g = 0, s = 0; s < n; g++, s += G)                                       \
+            DEQUANTIZE_RUN(1, c + s, n - s < G ? n - s : G, mn[g], scale[g], out + s);      \
+    }                                                                                       \
+    QUALIFIERS void dequantize_groups_cast(const uint8_t *c, size_t n, size_t G,              \
+                                           const float *mn, const float *scale, float *out) {  \
+        for (size_t g = 0, s = 0; s < n; g++, s += G)                                       \
+            DEQUANTIZE_RUN(0, c + s, n - s < G ? n - s : G, mn[g], scale[g], out + s);      \
+    }
+
 /* 8-bit codes: the unified layout is the identity. */
 static inline void ac_pack8_copy(const uint8_t *codes, size_t nblocks, uint8_t *out) {
     if (nblocks) memcpy(out, codes, nblocks * 32);

@@ -295,6 +295,7 @@ static void quantize_tests(void) {
 }
 
 /* ---- group kernels: one call over consecutive groups = one call per group ---- */
+/* (ginv serves as the scales of the dequantize check: any finite floats do.) */
 
 static void groups_case(size_t n, size_t G, int bits, int with_bad) {
     const uint32_t levels = (1u << bits) - 1u, key = (uint32_t)rnd(), idx0 = (uint32_t)rnd();
@@ -354,6 +355,18 @@ static void groups_case(size_t n, size_t G, int bits, int with_bad) {
                        isa, n, G, bits, trick, r, i < n ? "code" : "stray write", i);
             }
             free(ref_codes);
+        }
+        for (int trick = 0; trick < 2; trick++) { /* and back: dequantize the codes */
+            float *dq = xmalloc((n + 1) * sizeof(float)), *dw = xmalloc((n + 1) * sizeof(float));
+            for (size_t s = 0, h = 0; s < n; s += G, h++)
+                ref.dequantize[trick](want + s, n - s < G ? n - s : G, gmn[h], ginv[h], dw + s);
+            k->dequantize_groups[trick](want, n, G, gmn, ginv, dq);
+            size_t i = 0;
+            while (i < n && f2u(dq[i]) == f2u(dw[i])) i++;
+            report(i == n, "dequantize_groups isa=%s n=%zu G=%zu trick=%d: differs at %zu", isa,
+                   n, G, trick, i);
+            free(dq);
+            free(dw);
         }
     }
     free(got.block);
