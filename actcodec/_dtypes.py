@@ -25,11 +25,17 @@ DTYPES = {
     "float64": (4, 8, np.dtype(np.float64)),
 }
 DTYPE_BY_ID = {wire: name for name, (wire, _, _) in DTYPES.items()}
+# numpy dtype -> name, for the lookups every encode and decode makes (dtype.name is slow)
+_NAME_OF = {np.dtype(t): t.__name__ for t in (np.float16, np.float32, np.float64)}
+if _BF16 is not None:
+    _NAME_OF[_BF16] = "bfloat16"
 
 
 def dtype_name(arr: np.ndarray, tag: str | None = None) -> str:
     """The codec dtype name of `arr` (with an optional bfloat16 tag over uint16 data)."""
     dt = arr.dtype
+    if tag is None and dt in _NAME_OF:
+        return _NAME_OF[dt]
     if tag is not None:
         if tag != "bfloat16":
             raise ValueError(f"dtype tag {tag!r} is not supported; only 'bfloat16' tags uint16 data")
@@ -48,6 +54,8 @@ def dtype_name(arr: np.ndarray, tag: str | None = None) -> str:
 
 def canonical_name(dtype) -> str:
     """A codec dtype name from a name, numpy dtype or type ("bfloat16" included)."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return dtype
     if dtype == "bfloat16" or (_BF16 is not None and np.dtype(dtype) == _BF16):
         return "bfloat16"
     name = np.dtype(dtype).name

@@ -100,10 +100,14 @@ class Meta:
 class Packed:
     """A compressed tensor: `meta` plus `payload` (uint8 tensors, or the kept tensor)."""
 
-    __slots__ = ("meta", "payload", "on_decode", "uses", "_pending", "_decoded", "__weakref__")
+    __slots__ = ("meta", "payload", "on_decode", "uses", "_pending", "_decoded", "_arrays",
+                 "__weakref__")
 
-    def __init__(self, meta: Meta, payload: tuple, on_decode=None):
+    def __init__(self, meta: Meta, payload: tuple, on_decode=None, arrays=None):
         self.meta, self.payload, self.on_decode = meta, tuple(payload), on_decode
+        # The codec's numpy buffers the payload tensors share memory with, when pack made
+        # them (a Packed rebuilt from saved tensors converts back).
+        self._arrays = arrays
         # Saves that hold this Packed (the hooks count a tensor several ops save), and how
         # many of them the current backward has still to unpack: the decoded tensor is kept
         # for those, so a ReLU output that the ReLU and the next convolution both saved is
@@ -152,17 +156,20 @@ class Packed:
                                        self.payload)
             out = device.decode(enc)
             return out if out.dtype == m.dtype else out.to(m.dtype)
-        bufs = tuple(p.numpy().view(dt) for p, dt in zip(self.payload, m.buffer_dtypes))
+        bufs = self._arrays
+        if bufs is None:
+            bufs = tuple(p.numpy().view(dt) for p, dt in zip(self.payload, m.buffer_dtypes))
         enc = container.Encoded(m.codec, m.encoded_dtype, m.shape, m.params, bufs)
         out = bridge.decode_tensor(enc)
         return out if out.dtype == m.dtype else out.to(m.dtype)
 
 
-def _as_payload(buffers) -> tuple[tuple, tuple]:
-    """numpy buffers -> (uint8 tensors sharing their memory, their numpy dtypes)."""
-    tensors = tuple(torch.from_numpy(np.ascontiguousarray(b).reshape(-1).view(np.uint8))
-                    for b in buffers)
-    return tensors, tuple(b.dtype for b in buffers)
+def _as_payload(buffers) -> tuple[tuple, tuple, tuple]:
+    """numpy buffers -> (uint8 tensors sharing their memory, their numpy dtypes, the buffers
+    as contiguous arrays: the same memory as the tensors)."""
+    arrays = tuple(np.ascontiguousarray(b) for b in buffers)
+    tensors = tuple(torch.from_numpy(a.reshape(-1).view(np.uint8)) for a in arrays)
+    return tensors, tuple(a.dtype for a in arrays), arrays
 
 
 def pack(t: torch.Tensor, setting: Setting) -> Packed:
@@ -210,9 +217,9 @@ def _pack(t: torch.Tensor, setting: Setting) -> Packed:
             enc = auto.encode(arr, codec, dtype=tag, **_codec_kwargs(setting))
     else:
         enc = auto.encode(arr, setting.codec, dtype=tag, **_codec_kwargs(setting))
-    payload, dtypes = _as_payload(enc.buffers)
+    payload, dtypes, arrays = _as_payload(enc.buffers)
     meta = Meta("encoded", enc.codec, t.dtype, shape, enc.params, enc.dtype, dtypes, nbytes)
-    return Packed(meta, payload)
+    return Packed(meta, payload, arrays=arrays)
 
 
 # Below this many elements `auto` takes the exact pass, which is cheap for them.
