@@ -17,5 +17,6 @@ def test_stepbench_tiny():
     assert saved["naive torch 2-bit"] < saved["naive torch 8-bit"] < saved["fp32"]
     assert saved["checkpoint"] < saved["fp32"]
     assert saved["convert 2bit"] < saved["convert 8bit"] < saved["fp32"]
-    assert rows["fp32"]["time_vs_fp32"] == 1.0
+    assert rows["fp32"]["time_vs_fp32"] == 1.0 and rows["fp32"]["round_ratio"] == 1.0
+    assert all(r["round_ratio_q1"] <= r["round_ratio"] <= r["round_ratio_q3"] for r in rows.values())
     assert "| actcodec 2bit |" in stepbench.markdown(list(rows.values()), 2, 32, 1)

@@ -1,7 +1,9 @@
 """One training step of a ResNet-18-style CNN under each way of storing activations: plain
-fp32, actcodec's policies through the hooks and through the module converter, the naive eager-torch quantizer through the same
-hooks, and torch.utils.checkpoint. Step times are medians of interleaved rounds on the same
-batch (ratios to fp32 are the claim); saved bytes are exact (unique storages autograd keeps).
+fp32, actcodec's policies through the hooks and through the module converter, the naive
+eager-torch quantizer through the same hooks, and torch.utils.checkpoint. Step times are
+medians of interleaved rounds (a fresh order each round) on the same batch; ratios to fp32 are
+the claim, both of the medians and per round (with quartiles); saved bytes are exact (unique
+storages autograd keeps).
 
     python -m actcodec.torch.stepbench [--batch 64] [--size 64] [--rounds 5]
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import random
 import statistics
 import time
 
@@ -160,8 +163,11 @@ def run(batch: int = 64, size: int = 64, rounds: int = 5, threads: int = 2,
     times = {k: [] for k in cands}
     for k, (module, ctx, _) in cands.items():  # warm-up
         step(module, ctx, x, y, opt)
+    order, rng = list(cands), random.Random(0)
     for _ in range(rounds):
-        for k, (module, ctx, _) in cands.items():
+        rng.shuffle(order)  # no configuration always runs right after another
+        for k in order:
+            module, ctx, _ = cands[k]
             t0 = time.perf_counter()
             step(module, ctx, x, y, opt)
             times[k].append(time.perf_counter() - t0)
@@ -171,20 +177,37 @@ def run(batch: int = 64, size: int = 64, rounds: int = 5, threads: int = 2,
     base_b = sizes.get("fp32")
     for k in cands:
         t = statistics.median(times[k])
+        # Each round's step over fp32's step in the same round: the machine's slow spells
+        # hit both, so these spread less than the step times themselves.
+        ratios = ([a / b for a, b in zip(times[k], times["fp32"])] if base_t else [])
+        q1, q3 = _quartiles(ratios)
         rows.append({"config": k, "step_ms": t * 1e3,
                      "time_vs_fp32": t / base_t if base_t else None,
+                     "round_ratio": statistics.median(ratios) if ratios else None,
+                     "round_ratio_q1": q1, "round_ratio_q3": q3,
                      "saved_MiB": sizes[k] / 2**20,
                      "smaller_than_fp32": base_b / sizes[k] if base_b and sizes[k] else None})
     return rows
 
 
+def _quartiles(values: list) -> tuple:
+    if not values:
+        return None, None
+    if len(values) == 1:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
 def markdown(rows, batch, size, threads) -> str:
     lines = [f"ResNet-18-style CNN, batch {batch}, 3x{size}x{size}, {threads} threads, "
              f"medians of interleaved rounds",
-             "", "| config | step ms | step / fp32 | saved MiB | fp32 / saved |",
-             "|---|---|---|---|---|"]
+             "", "| config | step ms | step / fp32 | per-round ratio (quartiles) | saved MiB | "
+             "fp32 / saved |", "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['step_ms']:.0f} | {r['time_vs_fp32']:.2f} | "
+        rr = (f"{r['round_ratio']:.2f} ({r['round_ratio_q1']:.2f}-{r['round_ratio_q3']:.2f})"
+              if r["round_ratio"] is not None else "-")
+        lines.append(f"| {r['config']} | {r['step_ms']:.0f} | {r['time_vs_fp32']:.2f} | {rr} | "
                      f"{r['saved_MiB']:.1f} | {r['smaller_than_fp32']:.1f}x |")
     return "\n".join(lines)
 
