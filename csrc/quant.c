@@ -112,8 +112,11 @@ static size_t range_minmax(const job *j, size_t s, size_t e, float *buf, float *
 }
 
 /* Groups of G elements dividing TILE: a tile starts on a group boundary and holds whole
- * groups (the array's last may be short), so it can go to the group kernels in two calls. */
-#define GROUPS_PER_TILE_MAX (TILE / 32)
+ * groups (the array's last may be short), so it can go to the group kernels in two calls.
+ * Groups under 32 elements (the C API takes them; Python's does not) take the per-group path,
+ * which bounds the stack arrays below. */
+#define GROUP_MIN_TILED 32u
+#define GROUPS_PER_TILE_MAX (TILE / GROUP_MIN_TILED)
 
 /* Encodes tile [ts, te) (x: its float32 elements) through the group kernels: every min/max,
  * then every scale, then every code. Returns 0, with nothing written, when the tile needs the
@@ -122,7 +125,7 @@ static size_t range_minmax(const job *j, size_t s, size_t e, float *buf, float *
 static int tile_of_groups(const job *j, size_t ts, size_t te, const float *x, uint32_t levels,
                           uint32_t key, uint8_t *codes) {
     size_t G = j->group, nt = te - ts;
-    if (j->fixed || G > TILE || TILE % G != 0) return 0;
+    if (j->fixed || G < GROUP_MIN_TILED || G > TILE || TILE % G != 0) return 0;
     size_t g0 = ts / G, ng = (nt + G - 1) / G;
     float lo[GROUPS_PER_TILE_MAX], hi[GROUPS_PER_TILE_MAX];
     float scale[GROUPS_PER_TILE_MAX], inv[GROUPS_PER_TILE_MAX];

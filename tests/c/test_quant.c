@@ -962,6 +962,16 @@ static void api_tests(void) {
                     for (int r = 0; r < 2; r++) api_roundtrip(&t, bits_list[b], groups[g], r, full);
             tensor_free(&t);
         }
+    /* Groups below the Python API's minimum of 32: the C API takes them too. */
+    static const size_t small_groups[] = {1, 7, 16};
+    static const size_t small_sizes[] = {1, 255, 4097, 9000};
+    for (size_t s = 0; s < sizeof small_sizes / sizeof small_sizes[0]; s++) {
+        tensor t = make_tensor(AC_F32, small_sizes[s]);
+        for (int b = 0; b < 4; b++)
+            for (size_t g = 0; g < sizeof small_groups / sizeof small_groups[0]; g++)
+                api_roundtrip(&t, bits_list[b], small_groups[g], b & 1, 1);
+        tensor_free(&t);
+    }
     static const size_t bad_sizes[] = {1, 257, 4097, 300001};
     for (int dtype = AC_F16; dtype <= AC_F64; dtype++)
         for (size_t s = 0; s < sizeof bad_sizes / sizeof bad_sizes[0]; s++) {
