@@ -42,6 +42,8 @@ cdef extern from "actcodec.h" nogil:
     void ac_set_bittrick(int on)
     float ac_uniform(uint64_t seed, uint64_t index)
     void ac_parallel_copy(void *dst, const void *src, size_t nbytes)
+    void *ac_alloc_pages(size_t nbytes)
+    void ac_free_pages(void *p, size_t nbytes)
     uint64_t ac_checksum64(const void *data, size_t nbytes, uint64_t seed)
 
 

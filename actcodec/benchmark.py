@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import _ext
+from . import _ext, _outputs
 
 REGIMES = ("fresh", "reused")
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
@@ -40,19 +40,26 @@ def memory_regime(regime: str):
     """'fresh': large outputs come newly mapped from the OS, so first-touch page faults are
     part of every call (glibc's default for arrays of 32 MiB and more). 'reused': glibc keeps
     freed memory and hands it out again, as it does for the smaller, recurring allocations of
-    a training loop. Either way every candidate, copy included, uses the same allocator."""
+    a training loop. In 'reused' every candidate, copy included, takes its output from glibc.
+    In 'fresh' the others still do, while actcodec's decoders do what they do by default with
+    arrays of 32 MiB and more: take fresh pages of their own, with huge pages asked for (see
+    actcodec._outputs), where numpy would take fresh 4 KiB pages from glibc."""
     if regime not in REGIMES:
         raise ValueError(f"unknown memory regime {regime!r}; choose {', '.join(REGIMES)}")
     libc = _libc() if regime == "reused" else None
+    own = _outputs.get_own_mapping_bytes()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(_M_MMAP_MAX, 0)
         libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
+        # What a user who keeps glibc's memory does: decode outputs come from it as well.
+        _outputs.set_own_mapping_bytes(None)
     try:
         yield
     finally:
         if libc is not None and hasattr(libc, "mallopt"):
             libc.mallopt(_M_MMAP_MAX, 65536)
             libc.mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
+            _outputs.set_own_mapping_bytes(own)
 
 
 def time_interleaved(candidates: dict, rounds: int = 9, seed: int = 0) -> dict:

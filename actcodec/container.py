@@ -12,7 +12,7 @@ from math import prod
 
 import numpy as np
 
-from . import _dtypes, _ext
+from . import _dtypes, _ext, _outputs
 
 MAGIC = b"ACTC"
 FORMAT_VERSION = 1
@@ -77,7 +77,7 @@ class Encoded:
             raise ValueError(f"a {self.codec} encoding of {self.dtype} decodes to {allowed}, "
                              f"not {target}")
         if out is None:
-            out = np.empty(self.shape, _dtypes.numpy_dtype(target))
+            out = _outputs.empty(self.shape, _dtypes.numpy_dtype(target))
         else:
             _check_out(out, self.shape, target)
         CODECS[self.codec].decode_into(self, out.reshape(-1).view(np.uint8), target)

@@ -122,6 +122,11 @@ void ac_set_bittrick(int on);
 float ac_uniform(uint64_t seed, uint64_t index);
 
 /* ---- utilities ---- */
+/* nbytes of zeroed memory in a mapping of its own (Linux: mmap, with transparent huge pages
+ * asked for; elsewhere calloc), for large outputs that are written once in full. NULL if
+ * nbytes is 0 or the memory is not there. Free with ac_free_pages and the same size. */
+void *ac_alloc_pages(size_t nbytes);
+void ac_free_pages(void *p, size_t nbytes);
 /* memcpy split over the configured threads (the calibration baseline for benchmarks). */
 void ac_parallel_copy(void *dst, const void *src, size_t nbytes);
 /* Fast 64-bit checksum of a byte string (container format). Same value on every platform. */

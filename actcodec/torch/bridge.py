@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import auto, container
+from .. import _outputs, auto, container
 from . import device
 
 _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
+_NAMES = {v: k for k, v in _TORCH.items()}
 
 
 def tensor_array(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
@@ -47,11 +48,12 @@ def decode_tensor(enc: container.Encoded | device.DeviceEncoded,
     CPU for a container.Encoded, on the buffers' device for a device.DeviceEncoded."""
     if isinstance(enc, device.DeviceEncoded):
         return device.decode(enc, dtype)
-    names = {v: k for k, v in _TORCH.items()}
-    if dtype is not None and dtype not in names:
-        raise TypeError(f"cannot decode to {dtype}; choose one of {', '.join(map(str, names))}")
-    name = enc.dtype if dtype is None else names[dtype]
-    out = torch.empty(enc.shape, dtype=_TORCH[name])
-    view = out.view(torch.int16).numpy().view(np.uint16) if name == "bfloat16" else out.numpy()
+    if dtype is not None and dtype not in _NAMES:
+        raise TypeError(f"cannot decode to {dtype}; choose one of {', '.join(map(str, _NAMES))}")
+    name = enc.dtype if dtype is None else _NAMES[dtype]
+    # The array from _outputs (memory of its own when large), the tensor on top of it.
+    view = _outputs.empty(enc.shape, np.uint16 if name == "bfloat16" else name)
     enc.decode(out=view, dtype=name)
-    return out
+    if name == "bfloat16":
+        return torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(view)

@@ -417,6 +417,24 @@ static void api_roundtrip(int es, size_t n, uint64_t thr) {
     free(src);
 }
 
+/* Memory of its own for large outputs: zeroed, writable to the last byte, freed whole. */
+static void pages_tests(void) {
+    report(ac_alloc_pages(0) == NULL, "ac_alloc_pages(0) is NULL");
+    static const size_t sizes[] = {1, 4095, 4096, (2u << 20) + 3, 5u << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        unsigned char *p = ac_alloc_pages(n);
+        int zero = p != NULL;
+        for (size_t j = 0; zero && j < n; j += 997) zero = p[j] == 0;
+        report(zero && p[n - 1] == 0, "ac_alloc_pages(%zu): zeroed memory", n);
+        if (p == NULL) continue;
+        memset(p, 0xA5, n);
+        report(p[0] == 0xA5 && p[n - 1] == 0xA5, "ac_alloc_pages(%zu): writable", n);
+        ac_free_pages(p, n);
+    }
+    ac_free_pages(NULL, 0); /* a no-op */
+}
+
 static void api_tests(void) {
     api_argument_tests();
     /* Not multiples of 8, and several driver blocks per thread. */
@@ -448,6 +466,7 @@ int main(void) {
     before = n_passed + n_failed;
     const int best = ac_active_isa(), threads = ac_get_num_threads();
     api_tests();
+    pages_tests();
     ac_set_isa(best);
     ac_set_num_threads(threads);
     printf("driver api: %llu cases\n", n_passed + n_failed - before);
