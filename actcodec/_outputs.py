@@ -6,8 +6,9 @@ pages asked for (one fault per 2 MiB): 6-7 ms. Smaller arrays come from numpy as
 glibc may hand back memory it already has, which costs no faults at all.
 
 A process that has told glibc to keep large blocks too (a raised MALLOC_MMAP_THRESHOLD_, or
-mallopt) reuses memory at every size; `set_own_mapping_bytes(None)` then leaves every array
-to numpy."""
+mallopt) reuses memory at every size, and a kernel that compacts memory to assemble huge pages
+(THP defrag "madvise") can stall a fault; `set_own_mapping_bytes(None)` then leaves every
+array to numpy."""
 from __future__ import annotations
 
 from math import prod
