@@ -20,3 +20,9 @@ def test_stepbench_tiny():
     assert rows["fp32"]["time_vs_fp32"] == 1.0 and rows["fp32"]["round_ratio"] == 1.0
     assert all(r["round_ratio_q1"] <= r["round_ratio"] <= r["round_ratio_q3"] for r in rows.values())
     assert "| actcodec 2bit |" in stepbench.markdown(list(rows.values()), 2, 32, 1)
+
+
+def test_stepbench_without_fp32_still_prints():
+    rows = stepbench.run(batch=2, size=32, rounds=2, threads=1, names=["actcodec 2bit"])
+    assert rows[0]["time_vs_fp32"] is None and rows[0]["round_ratio"] is None
+    assert "| actcodec 2bit |" in stepbench.markdown(rows, 2, 32, 1)

@@ -106,7 +106,8 @@ class Packed:
     def __init__(self, meta: Meta, payload: tuple, on_decode=None, arrays=None):
         self.meta, self.payload, self.on_decode = meta, tuple(payload), on_decode
         # The codec's numpy buffers the payload tensors share memory with, when pack made
-        # them (a Packed rebuilt from saved tensors converts back).
+        # them (a Packed rebuilt from saved tensors converts back). Whatever moves or
+        # replaces a payload must build a new Packed, or these would point at the old memory.
         self._arrays = arrays
         # Saves that hold this Packed (the hooks count a tensor several ops save), and how
         # many of them the current backward has still to unpack: the decoded tensor is kept

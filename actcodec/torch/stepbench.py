@@ -195,7 +195,7 @@ def _quartiles(values: list) -> tuple:
         return None, None
     if len(values) == 1:
         return values[0], values[0]
-    q = statistics.quantiles(values, n=4)
+    q = statistics.quantiles(values, n=4, method="inclusive")  # within the data
     return q[0], q[2]
 
 
@@ -207,8 +207,11 @@ def markdown(rows, batch, size, threads) -> str:
     for r in rows:
         rr = (f"{r['round_ratio']:.2f} ({r['round_ratio_q1']:.2f}-{r['round_ratio_q3']:.2f})"
               if r["round_ratio"] is not None else "-")
-        lines.append(f"| {r['config']} | {r['step_ms']:.0f} | {r['time_vs_fp32']:.2f} | {rr} | "
-                     f"{r['saved_MiB']:.1f} | {r['smaller_than_fp32']:.1f}x |")
+        vs = f"{r['time_vs_fp32']:.2f}" if r["time_vs_fp32"] is not None else "-"
+        smaller = (f"{r['smaller_than_fp32']:.1f}x" if r["smaller_than_fp32"] is not None
+                   else "-")
+        lines.append(f"| {r['config']} | {r['step_ms']:.0f} | {vs} | {rr} | "
+                     f"{r['saved_MiB']:.1f} | {smaller} |")
     return "\n".join(lines)
 
 
