@@ -32,6 +32,3 @@ cdef class PageBuffer:
         view.strides = self.strides
         view.suboffsets = NULL
         view.internal = NULL
-
-    def __releasebuffer__(self, Py_buffer *view):
-        pass

@@ -111,10 +111,20 @@ static size_t range_minmax(const job *j, size_t s, size_t e, float *buf, float *
     return NONE;
 }
 
-/* Groups of G elements dividing TILE: a tile starts on a group boundary and holds whole
- * groups (the array's last may be short), so it can go to the group kernels in two calls.
- * Groups under 32 elements (the C API takes them; Python's does not) take the per-group path,
- * which bounds the stack arrays below. */
+/* A group's scale (step between codes) from its min and max, and 1 / scale in *inv (0 for a
+ * constant group, inf when the scale is too small to invert: the callers then divide). */
+static inline float group_scale(float lo, float hi, uint32_t levels, float *inv) {
+    float scale = (hi - lo) / (float)levels;
+    *inv = scale > 0 ? 1.0f / scale : 0.0f;
+    return scale;
+}
+
+/* Whether every tile holds whole groups of G (the array's last may be short): G divides
+ * TILE, and tiles start on multiples of TILE, so the group kernels can take a tile at once. */
+static inline int tiles_hold_whole_groups(size_t G) { return G <= TILE && TILE % G == 0; }
+
+/* Groups under 32 elements (the C API takes them; Python's does not) take the per-group path
+ * in encode, which bounds the stack arrays below. */
 #define GROUP_MIN_TILED 32u
 #define GROUPS_PER_TILE_MAX (TILE / GROUP_MIN_TILED)
 
@@ -125,7 +135,7 @@ static size_t range_minmax(const job *j, size_t s, size_t e, float *buf, float *
 static int tile_of_groups(const job *j, size_t ts, size_t te, const float *x, uint32_t levels,
                           uint32_t key, uint8_t *codes) {
     size_t G = j->group, nt = te - ts;
-    if (j->fixed || G < GROUP_MIN_TILED || G > TILE || TILE % G != 0) return 0;
+    if (j->fixed || G < GROUP_MIN_TILED || !tiles_hold_whole_groups(G)) return 0;
     size_t g0 = ts / G, ng = (nt + G - 1) / G;
     float lo[GROUPS_PER_TILE_MAX], hi[GROUPS_PER_TILE_MAX];
     float scale[GROUPS_PER_TILE_MAX], inv[GROUPS_PER_TILE_MAX];
@@ -133,8 +143,7 @@ static int tile_of_groups(const job *j, size_t ts, size_t te, const float *x, ui
     for (size_t g = 0; g < ng; g++) {
         lo[g] += 0.0f; /* one zero on every path, as in range_minmax */
         hi[g] += 0.0f;
-        scale[g] = (hi[g] - lo[g]) / (float)levels;
-        inv[g] = scale[g] > 0 ? 1.0f / scale[g] : 0.0f;
+        scale[g] = group_scale(lo[g], hi[g], levels, &inv[g]);
         if (!isfinite(scale[g]) || isinf(inv[g])) return 0;
     }
     memcpy(j->mins + g0, lo, ng * sizeof *lo);
@@ -170,10 +179,9 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
                     size_t bad = range_minmax(j, gs, ge, sbuf, &lo, &hi);
                     if (bad != NONE) return bad;
                 }
-                scale = (hi - lo) / (float)levels;
+                scale = group_scale(lo, hi, levels, &inv);
                 if (!isfinite(scale)) return gs; /* the range overflows float32 */
                 mn = lo;
-                inv = scale > 0 ? 1.0f / scale : 0.0f;
                 if (gs >= a) { /* the range holding a group's first element writes its stats */
                     j->mins[g] = lo;
                     j->scales[g] = scale;
@@ -223,7 +231,7 @@ static void decode_range(const job *j, size_t a, size_t b, int out_dtype) {
         }
         float *y = out_dtype == AC_F32 ? (float *)(dst + ts * 4) : fbuf;
         size_t s = ts;
-        if (G <= TILE && TILE % G == 0) { /* whole groups: one call for the tile */
+        if (tiles_hold_whole_groups(G)) { /* one call for the tile */
             k->dequantize_groups[j->trick](cbuf, nt, G, j->mins + ts / G, j->scales + ts / G, y);
             s = te;
         }
