@@ -3,26 +3,40 @@
 cimport numpy as cnp
 
 
-def bitmap_encode(const uint8_t[::1] src, int esize, uint64_t prune_abs_bits):
+def bitmap_encode(const uint8_t[::1] src, int esize, uint64_t prune_abs_bits,
+                  own_mapping_bytes=None):
     """Encode a flat byte view of elements of `esize` bytes. Returns (bitmap, values) as
-    uint8 arrays; `values` is allocated for the worst case and shrunk in place (realloc),
-    so pages it never touched are never committed."""
+    uint8 arrays; `values` is allocated for the worst case and shrunk in place (realloc, or
+    unmapping the tail of a mapping of its own when the worst case is at least
+    `own_mapping_bytes`), so pages it never touched are never committed."""
     if esize not in (2, 4, 8) or src.shape[0] % esize:
         raise ValueError(f"bitmap_encode: {src.shape[0]} bytes is not a whole number of "
                          f"{esize}-byte elements")
     cdef size_t n = src.shape[0] // esize
     cdef cnp.ndarray bitmap = np.empty(ac_bitmap_nbytes(n), np.uint8)
-    cdef cnp.ndarray values = np.empty(n * esize, np.uint8)
+    cdef cnp.ndarray values = None
+    cdef PageBuffer pages = None
+    cdef void *v
+    if own_mapping_bytes is not None and n > 0 and n * esize >= max(<size_t>own_mapping_bytes, 1):
+        pages = PageBuffer(n * esize)
+        v = pages.ptr
+    else:
+        values = np.empty(n * esize, np.uint8)
+        v = cnp.PyArray_DATA(values)
     cdef const uint8_t *s = _cptr(src)
     cdef uint8_t *b = <uint8_t *>cnp.PyArray_DATA(bitmap)
-    cdef void *v = cnp.PyArray_DATA(values)
     cdef size_t nnz = 0
     cdef int status
     with nogil:
         status = ac_bitmap_encode(s, n, esize, prune_abs_bits, b, v, &nnz)
     _check(status, "bitmap encode")
-    values.resize((nnz * esize,), refcheck=False)
-    return bitmap, values
+    if pages is None:
+        values.resize((nnz * esize,), refcheck=False)
+        return bitmap, values
+    if nnz == 0:
+        return bitmap, np.empty(0, np.uint8)
+    pages.shrink(nnz * esize)
+    return bitmap, np.frombuffer(pages, np.uint8)
 
 
 def bitmap_count(const uint8_t[::1] bitmap, size_t n):

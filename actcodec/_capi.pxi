@@ -43,6 +43,7 @@ cdef extern from "actcodec.h" nogil:
     float ac_uniform(uint64_t seed, uint64_t index)
     void ac_parallel_copy(void *dst, const void *src, size_t nbytes)
     void *ac_alloc_pages(size_t nbytes)
+    size_t ac_shrink_pages(void *p, size_t nbytes, size_t keep)
     void ac_free_pages(void *p, size_t nbytes)
     uint64_t ac_checksum64(const void *data, size_t nbytes, uint64_t seed)
 

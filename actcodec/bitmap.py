@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from . import _dtypes, _ext, container
+from . import _dtypes, _ext, _outputs, container
 
 CODEC_ID = 2
 PARAMS = struct.Struct("<d")  # prune threshold (0.0 = lossless)
@@ -40,7 +40,8 @@ def encode(x, *, prune: float = 0.0, dtype: str | None = None) -> container.Enco
     name = _dtypes.dtype_name(arr, dtype)
     thr = _dtypes.prune_abs_bits(prune, name)
     bits = _dtypes.bits_view(arr)
-    bitmap, values = _ext.bitmap_encode(bits.view(np.uint8), bits.itemsize, thr)
+    bitmap, values = _ext.bitmap_encode(bits.view(np.uint8), bits.itemsize, thr,
+                                        _outputs.OWN_MAPPING_BYTES)
     return container.Encoded("bitmap", name, tuple(arr.shape), {"prune": float(prune)},
                              (bitmap, values))
 

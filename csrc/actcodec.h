@@ -126,6 +126,9 @@ float ac_uniform(uint64_t seed, uint64_t index);
  * asked for; elsewhere calloc), for large outputs that are written once in full. NULL if
  * nbytes is 0 or the memory is not there. Free with ac_free_pages and the same size. */
 void *ac_alloc_pages(size_t nbytes);
+/* Gives back the pages of an ac_alloc_pages block of nbytes beyond its first keep bytes;
+ * returns the size to pass to ac_free_pages from then on. */
+size_t ac_shrink_pages(void *p, size_t nbytes, size_t keep);
 void ac_free_pages(void *p, size_t nbytes);
 /* memcpy split over the configured threads (the calibration baseline for benchmarks). */
 void ac_parallel_copy(void *dst, const void *src, size_t nbytes);

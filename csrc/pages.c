@@ -3,25 +3,59 @@
  * mapping, 4-5 ms into touched memory, measured in C here). Asking for transparent huge pages,
  * one fault per 2 MiB, brings it to 6-7 ms. The advice goes on a mapping of our own, so no
  * other allocation ever shares those huge pages, and freeing it returns the memory to the
- * system at once. */
+ * system at once. The mapping starts on a 2 MiB boundary: the kernel backs only whole aligned
+ * 2 MiB stretches with huge pages, and an unaligned start left up to 2 MiB of small pages
+ * (about 400 extra faults per 64 MiB output, seen with strace and getrusage). */
 #if defined(__linux__)
 #define _GNU_SOURCE
 #include <sys/mman.h>
+#include <stdint.h>
 #endif
 #include <stdlib.h>
 #include "actcodec.h"
 
+#define HUGE_BYTES ((size_t)2 << 20)
+#define PAGE_BYTES ((size_t)4096)
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
 void *ac_alloc_pages(size_t nbytes) {
     if (nbytes == 0) return NULL;
 #if defined(__linux__)
-    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    size_t len = round_up(nbytes, PAGE_BYTES);
+    if (len < nbytes || len > SIZE_MAX - HUGE_BYTES) return NULL;
+    size_t pad = len >= HUGE_BYTES ? HUGE_BYTES - PAGE_BYTES : 0;
+    unsigned char *raw = mmap(NULL, len + pad, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    /* Over-map by 2 MiB less a page, then unmap what lies before the first 2 MiB boundary and
+     * after the aligned stretch (mmap returns page-aligned addresses). */
+    unsigned char *p = raw;
+    if (pad) {
+        p = (unsigned char *)round_up((uintptr_t)raw, HUGE_BYTES);
+        size_t head = (size_t)(p - raw), tail = pad - head;
+        if (head) munmap(raw, head);
+        if (tail) munmap(p + len, tail);
+    }
 #ifdef MADV_HUGEPAGE
-    (void)madvise(p, nbytes, MADV_HUGEPAGE); /* advice only: without THP, small pages */
+    (void)madvise(p, len, MADV_HUGEPAGE); /* advice only: without THP, small pages */
 #endif
     return p;
 #else
     return calloc(1, nbytes);
+#endif
+}
+
+size_t ac_shrink_pages(void *p, size_t nbytes, size_t keep) {
+    if (p == NULL || keep >= nbytes) return nbytes;
+#if defined(__linux__)
+    /* Keep at least one page (a mapping cannot be empty). Pages never touched were never
+     * backed, so this gives back address space; touched ones go back to the system. */
+    size_t old_len = round_up(nbytes, PAGE_BYTES), new_len = round_up(keep ? keep : 1, PAGE_BYTES);
+    if (new_len < old_len) munmap((unsigned char *)p + new_len, old_len - new_len);
+    return new_len;
+#else
+    return nbytes; /* calloc'd memory keeps its size */
 #endif
 }
 

@@ -104,3 +104,29 @@ def test_reused_regime_leaves_outputs_to_glibc():
     with benchmark.memory_regime("reused"):
         assert actcodec.get_own_mapping_bytes() is None
     assert actcodec.get_own_mapping_bytes() == before
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_bitmap_encode_into_own_mapping_is_identical(monkeypatch, zeros, dtype):
+    """Encoded values in a mapping of their own, cut to what was written: the same bytes as
+    numpy's buffer, and the mapping holds exactly the values."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(50_001).astype(dtype)
+    x[rng.random(x.size) < zeros] = 0
+    want = actcodec.bitmap.encode(x)
+    monkeypatch.setattr(_outputs, "OWN_MAPPING_BYTES", 0)
+    got = actcodec.bitmap.encode(x)
+    _, values = got.buffers
+    if np.count_nonzero(x):
+        assert isinstance(owner(values), _ext.PageBuffer)
+        assert len(memoryview(owner(values))) == values.nbytes
+    assert got.to_bytes() == want.to_bytes() and got.nbytes == want.nbytes
+    np.testing.assert_array_equal(got.decode(), x)
+
+
+def test_bitmap_encode_below_threshold_uses_numpy(monkeypatch):
+    x = np.ones(1000, np.float32)
+    monkeypatch.setattr(_outputs, "OWN_MAPPING_BYTES", x.nbytes + 1)
+    _, values = actcodec.bitmap.encode(x).buffers
+    assert not isinstance(owner(values), _ext.PageBuffer)

@@ -430,9 +430,30 @@ static void pages_tests(void) {
         if (p == NULL) continue;
         memset(p, 0xA5, n);
         report(p[0] == 0xA5 && p[n - 1] == 0xA5, "ac_alloc_pages(%zu): writable", n);
+#if defined(__linux__)
+        /* Huge pages back only whole aligned 2 MiB stretches. */
+        if (n >= (2u << 20))
+            report((uintptr_t)p % (2u << 20) == 0, "ac_alloc_pages(%zu): 2 MiB aligned", n);
+#endif
         ac_free_pages(p, n);
     }
     ac_free_pages(NULL, 0); /* a no-op */
+    /* Shrinking keeps the first bytes as they were; what it returns frees the rest. */
+    static const size_t keeps[] = {0, 1, 4096, 4097, (2u << 20) + 5, 5u << 20, 6u << 20};
+    for (size_t i = 0; i < sizeof keeps / sizeof keeps[0]; i++) {
+        size_t n = 5u << 20, keep = keeps[i];
+        unsigned char *p = ac_alloc_pages(n);
+        if (p == NULL) { report(0, "ac_alloc_pages(%zu) for shrink", n); continue; }
+        memset(p, 0x5A, n);
+        size_t held = ac_shrink_pages(p, n, keep);
+        int same = 1;
+        for (size_t j = 0; j < keep && j < n; j += 1021) same = p[j] == 0x5A;
+        if (keep > 0 && keep <= n) same = same && p[keep - 1] == 0x5A;
+        report(same && held >= (keep < n ? keep : n) && held <= n + 4095,
+               "ac_shrink_pages(%zu -> %zu) keeps the bytes and holds %zu", n, keep, held);
+        ac_free_pages(p, held);
+    }
+    report(ac_shrink_pages(NULL, 0, 0) == 0, "ac_shrink_pages(NULL) is a no-op");
 }
 
 static void api_tests(void) {
