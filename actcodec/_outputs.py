@@ -7,6 +7,8 @@ for. numpy already asks for huge pages on large arrays; there the gain is smalle
 decode of 64 MiB: 8.2-8.7 ms into `np.empty`, 6.3-6.4 ms here). Smaller arrays come from numpy
 as usual, where glibc may hand back memory it already has and no fault happens at all: giving
 a training step's 1-16 MiB tensors mappings of their own made its decoding 3.6x slower.
+The bitmap encoder puts its worst-case values buffer in such a mapping by the same threshold
+(actcodec/_bitmap.pxi) and unmaps the tail it did not write.
 
 A process that has told glibc to keep large blocks too (a raised MALLOC_MMAP_THRESHOLD_, or
 mallopt) reuses memory at every size, and a kernel that compacts memory to assemble huge pages

@@ -41,9 +41,10 @@ def memory_regime(regime: str):
     part of every call (glibc's default for arrays of 32 MiB and more). 'reused': glibc keeps
     freed memory and hands it out again, as it does for the smaller, recurring allocations of
     a training loop. In 'reused' every candidate, copy included, takes its output from glibc.
-    In 'fresh' the others still do, while actcodec's decoders do what they do by default with
-    arrays of 32 MiB and more: take fresh pages of their own, with huge pages asked for (see
-    actcodec._outputs), where numpy would take fresh 4 KiB pages from glibc."""
+    In 'fresh' the others still do, while actcodec's decoders and the bitmap encoder's values
+    buffer do what they do by default with arrays of 32 MiB and more: take a 2 MiB-aligned
+    mapping of their own with huge pages asked for (see actcodec._outputs), where numpy takes
+    glibc's fresh mapping and asks for huge pages on its aligned part."""
     if regime not in REGIMES:
         raise ValueError(f"unknown memory regime {regime!r}; choose {', '.join(REGIMES)}")
     libc = _libc() if regime == "reused" else None
