@@ -82,6 +82,17 @@ def test_large_arrays_cross_threads(path_threads, nbits, group, rounding):
     _check("float32", x.view(np.uint32), nbits, group, rounding, 12345)
 
 
+@pytest.mark.parametrize("nbits", [1, 8])
+@pytest.mark.parametrize("group", [256, 2048])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_inputs_of_16_mib_and_more(nbits, group, rounding):
+    """From 16 MiB the encoder steps through the input in shorter tiles (csrc/quant.c,
+    encode_tile): the same math, checked against the reference over the switch."""
+    rng = np.random.default_rng(group + nbits)
+    x = (rng.standard_normal((17 << 20) // 4 + 333) * 2).astype(np.float32)
+    _check("float32", x.view(np.uint32), nbits, group, rounding, 777)
+
+
 @given(float_arrays(), st.sampled_from(BITS), GROUPS, st.sampled_from(["nearest", "stochastic"]))
 def test_error_bound(case, nbits, group, rounding):
     name, bits = case

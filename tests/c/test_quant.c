@@ -947,6 +947,50 @@ static void api_nonfinite(int dtype, size_t n, size_t group) {
     encoded_free(&e);
 }
 
+/* Inputs of 16 MiB and more are encoded in short tiles, smaller ones in long tiles (quant.c,
+ * encode_tile); the bytes must not depend on it. With nearest rounding the encoding of whole
+ * groups and 256-code spans does not depend on where the array starts, so a large array must
+ * equal its chunks (each under 16 MiB) encoded one by one. Stochastic rounding draws by
+ * element index, so there api_roundtrip checks every path against the reference and the
+ * error bound on a large array. */
+static size_t gcd_size(size_t a, size_t b) { return b ? gcd_size(b, a % b) : a; }
+
+static void short_tile_tests(void) {
+    const size_t n = ((size_t)17 << 20) / sizeof(float) + 777; /* over 16 MiB, odd tail */
+    tensor t = make_tensor(AC_F32, n);
+    static const size_t groups[] = {32, 256, 300, 1024, 4096};
+    static const int bits[] = {1, 2, 8};
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
+        for (int b = 0; b < 3; b++) {
+            const size_t G = groups[g], unit = G / gcd_size(G, 4096) * 4096; /* lcm(G, 4096) */
+            const size_t chunk = (((size_t)4 << 20) / sizeof(float)) / unit * unit;
+            encoded whole = encoded_new(n, bits[b], G), parts = encoded_new(n, bits[b], G);
+            for (int d = 0; d < n_driver_isas; d++) {
+                ac_set_isa(driver_isas[d]);
+                ac_set_num_threads(1 + d % 2);
+                size_t bad = 0;
+                int rc = ac_quant_encode(t.data, n, AC_F32, bits[b], G, AC_ROUND_NEAREST, 0,
+                                         whole.packed, whole.mins, whole.scales, &bad);
+                for (size_t s = 0; rc == AC_OK && s < n; s += chunk) {
+                    const size_t m = n - s < chunk ? n - s : chunk;
+                    const size_t per = 256 / (size_t)bits[b];
+                    rc = ac_quant_encode(t.data + 4 * s, m, AC_F32, bits[b], G, AC_ROUND_NEAREST,
+                                         0, parts.packed + s / per * AC_QBLOCK_BYTES,
+                                         parts.mins + s / G, parts.scales + s / G, &bad);
+                }
+                report(rc == AC_OK && memcmp(whole.packed, parts.packed, whole.nbytes) == 0 &&
+                           memcmp(whole.mins, parts.mins, whole.ngroups * sizeof(float)) == 0 &&
+                           memcmp(whole.scales, parts.scales, whole.ngroups * sizeof(float)) == 0,
+                       "short tiles: isa=%s n=%zu bits=%d group=%zu equals its %zu-element "
+                       "chunks (rc=%d)", ac_isa_name(driver_isas[d]), n, bits[b], G, chunk, rc);
+            }
+            encoded_free(&parts);
+            encoded_free(&whole);
+        }
+    api_roundtrip(&t, 2, 256, AC_ROUND_STOCHASTIC, 0);
+    tensor_free(&t);
+}
+
 static void api_tests(void) {
     static const size_t groups[] = {32, 33, 256, 1000, 65536, 0};
     static const size_t sizes[] = {0, 1, 255, 257, 4097, 300001};
@@ -978,6 +1022,7 @@ static void api_tests(void) {
             api_nonfinite(dtype, bad_sizes[s], 256);
             api_nonfinite(dtype, bad_sizes[s], 0);
         }
+    short_tile_tests();
 }
 
 int main(void) {
