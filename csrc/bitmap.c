@@ -18,6 +18,21 @@
 
 /* 128 KiB of input per block: a block and its compacted copy stay in L2. */
 #define BLOCK_BYTES (128u * 1024u)
+#define ENCODE_BLOCK_MAX_BYTES ((size_t)2 << 20)
+#define ENCODE_BLOCKS_MIN 32u
+
+/* Threaded encode's block: 128 KiB of input, doubled while the input still makes 32 blocks,
+ * up to 2 MiB (so 8 MiB and less keep 128 KiB). Every block of the chained scan ends in a
+ * wait for the block before it and, mostly, a copy out of scratch; long blocks make those
+ * rarer. Measured in C here (float32, 2 threads; each round times both in alternating order,
+ * 31 rounds; medians of long/short per round): 64 MiB 0.84-0.86 at 10% zeros, 0.86-0.92 at
+ * 50%, 0.94-0.96 at 90%; 16 MiB 0.88-0.96. 32 blocks keep both threads busy to the end. A
+ * power of two, so a whole number of elements and of bitmap bytes. */
+static size_t encode_block_bytes(size_t nbytes) {
+    size_t b = BLOCK_BYTES;
+    while (b < ENCODE_BLOCK_MAX_BYTES && nbytes / (2 * b) >= ENCODE_BLOCKS_MIN) b *= 2;
+    return b;
+}
 #define NOT_READY SIZE_MAX
 
 size_t ac_bitmap_nbytes(size_t n) { return n / 8 + (n % 8 != 0); }
@@ -59,10 +74,9 @@ static size_t expected_output(const void *src, size_t n, int esize, uint64_t pru
  * into an L2-resident scratch block, waits for the offset, publishes, and copies out. */
 static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *src, size_t n,
                             size_t esize, uint64_t thr, uint8_t *bitmap, unsigned char *values,
-                            unsigned char *scratch, size_t scratch_stride,
+                            unsigned char *scratch, size_t scratch_stride, size_t block,
                             _Atomic size_t *ends, size_t nblocks, int threads,
                             size_t expect_bytes) {
-    size_t block = BLOCK_BYTES / esize;
 #pragma omp parallel num_threads(threads)
     {
         size_t team = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
@@ -108,22 +122,29 @@ int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bi
     size_t es = (size_t)esize, block = BLOCK_BYTES / es;
     size_t nblocks = n / block + (n % block != 0);
     int threads = ac_threads_for(n * es, nblocks);
-    size_t stride = BLOCK_BYTES + AC_BITMAP_SLACK;
-    unsigned char *scratch = malloc(stride * (size_t)threads);
-    if (scratch == NULL) return AC_ENOMEM;
 #ifdef _OPENMP
     if (threads > 1) {
-        _Atomic size_t *ends = malloc(nblocks * sizeof *ends);
-        if (ends == NULL) { free(scratch); return AC_ENOMEM; }
-        for (size_t b = 0; b < nblocks; b++) atomic_init(&ends[b], NOT_READY);
+        size_t eblock = encode_block_bytes(n * es) / es, nb = n / eblock + (n % eblock != 0);
+        size_t stride = eblock * es + AC_BITMAP_SLACK;
+        unsigned char *scratch = malloc(stride * (size_t)threads);
+        _Atomic size_t *ends = malloc(nb * sizeof *ends);
+        if (scratch == NULL || ends == NULL) {
+            free(scratch);
+            free((void *)ends);
+            return AC_ENOMEM;
+        }
+        for (size_t b = 0; b < nb; b++) atomic_init(&ends[b], NOT_READY);
         encode_parallel(k, idx, src, n, es, prune_abs_bits, bitmap, values, scratch, stride,
-                        ends, nblocks, threads, expected_output(src, n, esize, prune_abs_bits));
-        *nnz = atomic_load(&ends[nblocks - 1]);
+                        eblock, ends, nb, threads,
+                        expected_output(src, n, esize, prune_abs_bits));
+        *nnz = atomic_load(&ends[nb - 1]);
         free((void *)ends);
         free(scratch);
         return AC_OK;
     }
 #endif
+    unsigned char *scratch = malloc(BLOCK_BYTES + AC_BITMAP_SLACK);
+    if (scratch == NULL) return AC_ENOMEM;
     *nnz = encode_serial(k, idx, src, n, es, prune_abs_bits, bitmap, values, scratch);
     free(scratch);
     return AC_OK;

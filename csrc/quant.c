@@ -129,12 +129,13 @@ static inline int tiles_hold_whole_groups(size_t G, size_t tile) {
 /* Encode's tile. Each tile is read twice: once from memory for every min/max, then from L1
  * for the codes. While the codes are computed no new lines are asked for and the hardware
  * prefetcher's stream stalls; short tiles keep those pauses short. On input just written,
- * still in the last-level cache, the pauses cost nothing and the per-tile calls do. Measured
- * in C here (2 threads, float32, G=256, 41 interleaved rounds, short/long time per round):
- * input evicted first: 64 MiB 0.76-0.89 (2-bit) and 0.84-0.93 (8-bit), 16 MiB 0.81-0.89 and
- * 0.90-0.96; input just written: 16 MiB 0.96-0.97 and 0.81-0.89, but 4-8 MiB 1.16-1.24 and
- * 1.17-1.38. So short tiles from 16 MiB (half this machine's 32 MiB L3), where input that
- * large is mostly in memory anyway. A group larger than the short tile is a tile of its own. */
+ * still in the last-level cache, the pauses cost little and the per-tile calls cost more.
+ * Measured in C here (2 threads, float32, G=256; each round times both in alternating order,
+ * 41 rounds; medians of short/long per round): input evicted first, 0.76-0.83 at every size
+ * from 1 to 64 MiB (2-bit); input just written: 4 MiB 1.08-1.14, 8 MiB 0.97-1.10, 16 MiB 0.86
+ * (2- and 8-bit), 64 MiB 0.78 (2-bit) and 0.88 (8-bit). So short tiles from 16 MiB (half this
+ * machine's 32 MiB L3); a training step's smaller activations are usually still in cache. A
+ * group larger than the short tile is a tile of its own. */
 #define SHORT_TILE 512u
 #define SHORT_TILES_FROM_BYTES ((size_t)16 << 20)
 static size_t encode_tile(size_t nbytes, size_t group) {

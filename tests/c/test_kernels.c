@@ -468,6 +468,9 @@ static void api_tests(void) {
             api_roundtrip(es, sizes[s], mid);
         }
     }
+    /* 32 MiB and more: the threaded encode's blocks grow to 1 MiB (bitmap.c,
+     * encode_block_bytes); the sizes above give it 128, 256 and 512 KiB. */
+    api_roundtrip(8, 4194319, 0);
 }
 
 int main(void) {
