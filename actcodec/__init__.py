@@ -84,9 +84,23 @@ def get_bittrick() -> bool:
     return _ext.get_bittrick()
 
 
+def set_tuning(*, quant_short_tiles_from: int | None | bool = False,
+               bitmap_block_max: int | None = None) -> None:
+    """Speed knobs measured on one machine (bench/tuning_pairs.py); no output byte depends on
+    them. quant_short_tiles_from: inputs of at least this many bytes are quantized in short
+    tiles (default 16 MiB, half that machine's L3; None: never). bitmap_block_max: the
+    threaded bitmap encode's largest block, a power of two from 128 KiB (default 2 MiB).
+    A knob left out keeps its value."""
+    _ext.set_tuning(quant_short_tiles_from, bitmap_block_max)
+
+
+def get_tuning() -> dict:
+    return _ext.get_tuning()
+
+
 __all__ = [
     "Auto", "Bitmap", "BitmapQuant", "Codec", "Encoded", "NonFiniteError", "Quant", "Raw",
     "bitmap", "bitmap_quant", "encode", "from_bytes", "get_bittrick", "get_num_threads",
-    "get_own_mapping_bytes", "get_simd", "quant", "raw", "set_bittrick", "set_num_threads",
-    "set_own_mapping_bytes", "set_simd", "simd_info",
+    "get_own_mapping_bytes", "get_simd", "get_tuning", "quant", "raw", "set_bittrick",
+    "set_num_threads", "set_own_mapping_bytes", "set_simd", "set_tuning", "simd_info",
 ]

@@ -1,4 +1,5 @@
 # Bindings for ISA dispatch, the thread knob and the small utilities.
+from libc.stdint cimport SIZE_MAX
 
 def _init():
     """Run detection; report a bad ACTCODEC_SIMD as (status, value)."""
@@ -46,6 +47,32 @@ def get_num_threads():
 def set_num_threads(int n):
     if ac_set_num_threads(n) != AC_OK:
         raise ValueError(f"thread count must be between 1 and 1024, got {n}")
+
+
+def get_tuning():
+    """The speed knobs that change no output byte (see csrc/actcodec.h, "Tuning"): quant's
+    short-tile threshold in bytes (None: never) and the bitmap encode's largest block."""
+    cdef size_t short = ac_get_quant_short_tiles_from()
+    return {"quant_short_tiles_from": None if short == SIZE_MAX else short,
+            "bitmap_block_max": ac_get_bitmap_block_max()}
+
+
+def set_tuning(quant_short_tiles_from=False, bitmap_block_max=None):
+    """Set the knobs of get_tuning; an argument left out keeps its value. For benchmarks
+    (bench/tuning_pairs.py) and machines whose caches differ from the one measured."""
+    if quant_short_tiles_from is not False:
+        if quant_short_tiles_from is None:
+            ac_set_quant_short_tiles_from(SIZE_MAX)
+        elif isinstance(quant_short_tiles_from, int) and quant_short_tiles_from >= 0:
+            ac_set_quant_short_tiles_from(quant_short_tiles_from)
+        else:
+            raise ValueError(f"quant_short_tiles_from must be an int >= 0 or None, got "
+                             f"{quant_short_tiles_from!r}")
+    if bitmap_block_max is not None:
+        if (not isinstance(bitmap_block_max, int) or bitmap_block_max < 0
+                or ac_set_bitmap_block_max(bitmap_block_max) != AC_OK):
+            raise ValueError(f"bitmap_block_max must be a power of two from 131072 bytes, got "
+                             f"{bitmap_block_max!r}")
 
 
 def checksum64(const uint8_t[::1] data, uint64_t seed=0):

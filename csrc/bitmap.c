@@ -24,13 +24,24 @@
 /* Threaded encode's block: 128 KiB of input, doubled while the input still makes 32 blocks,
  * up to 2 MiB (so 8 MiB and less keep 128 KiB). Every block of the chained scan ends in a
  * wait for the block before it and, mostly, a copy out of scratch; long blocks make those
- * rarer. Measured in C here (float32, 2 threads; each round times both in alternating order,
- * 31 rounds; medians of long/short per round): 64 MiB 0.84-0.86 at 10% zeros, 0.86-0.92 at
- * 50%, 0.94-0.96 at 90%; 16 MiB 0.88-0.96. 32 blocks keep both threads busy to the end. A
- * power of two, so a whole number of elements and of bitmap bytes. */
+ * rarer. `python bench/tuning_pairs.py` (float32, 2 threads, input evicted first, 41 paired
+ * rounds in one process; medians of 2 MiB / 128 KiB per round): 64 MiB 0.84 at 10% zeros,
+ * 0.93 at 50%, 0.91 at 90%; 16 MiB 0.88-0.93. 32 blocks keep both threads busy to the end;
+ * ac_set_bitmap_block_max caps the growth. A power of two, so a whole number of elements
+ * and of bitmap bytes. */
+static _Atomic size_t encode_block_max = ENCODE_BLOCK_MAX_BYTES;
+
+size_t ac_get_bitmap_block_max(void) { return atomic_load(&encode_block_max); }
+int ac_set_bitmap_block_max(size_t nbytes) {
+    if (nbytes < BLOCK_BYTES || nbytes > ((size_t)1 << 30) || (nbytes & (nbytes - 1)))
+        return AC_EINVAL;
+    atomic_store(&encode_block_max, nbytes);
+    return AC_OK;
+}
+
 static size_t encode_block_bytes(size_t nbytes) {
-    size_t b = BLOCK_BYTES;
-    while (b < ENCODE_BLOCK_MAX_BYTES && nbytes / (2 * b) >= ENCODE_BLOCKS_MIN) b *= 2;
+    size_t b = BLOCK_BYTES, most = atomic_load(&encode_block_max);
+    while (b < most && nbytes / (2 * b) >= ENCODE_BLOCKS_MIN) b *= 2;
     return b;
 }
 #define NOT_READY SIZE_MAX

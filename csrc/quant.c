@@ -130,16 +130,20 @@ static inline int tiles_hold_whole_groups(size_t G, size_t tile) {
  * for the codes. While the codes are computed no new lines are asked for and the hardware
  * prefetcher's stream stalls; short tiles keep those pauses short. On input just written,
  * still in the last-level cache, the pauses cost little and the per-tile calls cost more.
- * Measured in C here (2 threads, float32, G=256; each round times both in alternating order,
- * 41 rounds; medians of short/long per round): input evicted first, 0.76-0.83 at every size
- * from 1 to 64 MiB (2-bit); input just written: 4 MiB 1.08-1.14, 8 MiB 0.97-1.10, 16 MiB 0.86
- * (2- and 8-bit), 64 MiB 0.78 (2-bit) and 0.88 (8-bit). So short tiles from 16 MiB (half this
- * machine's 32 MiB L3); a training step's smaller activations are usually still in cache. A
- * group larger than the short tile is a tile of its own. */
+ * `python bench/tuning_pairs.py` (2 threads, float32, G=256, 41 paired rounds in one process;
+ * medians of short/long per round, 2- and 8-bit): input evicted first, 0.82-0.94 at 4, 8, 16
+ * and 64 MiB; input just rewritten: 4 MiB 1.21-1.25, 8 MiB 1.20-1.24, 16 MiB 0.76-0.88,
+ * 64 MiB 0.81-0.83. So short tiles from 16 MiB (half this machine's 32 MiB L3); a training
+ * step's smaller activations are usually still in cache. A group larger than the short tile
+ * is a tile of its own; ac_set_quant_short_tiles_from moves the threshold. */
 #define SHORT_TILE 512u
-#define SHORT_TILES_FROM_BYTES ((size_t)16 << 20)
+static _Atomic size_t short_tiles_from = (size_t)16 << 20;
+
+size_t ac_get_quant_short_tiles_from(void) { return atomic_load(&short_tiles_from); }
+void ac_set_quant_short_tiles_from(size_t nbytes) { atomic_store(&short_tiles_from, nbytes); }
+
 static size_t encode_tile(size_t nbytes, size_t group) {
-    if (nbytes < SHORT_TILES_FROM_BYTES) return TILE;
+    if (nbytes < atomic_load(&short_tiles_from)) return TILE;
     if (group <= SHORT_TILE) return SHORT_TILE;
     return tiles_hold_whole_groups(group, TILE) ? group : TILE;
 }

@@ -471,6 +471,18 @@ static void api_tests(void) {
     /* 32 MiB and more: the threaded encode's blocks grow to 1 MiB (bitmap.c,
      * encode_block_bytes); the sizes above give it 128, 256 and 512 KiB. */
     api_roundtrip(8, 4194319, 0);
+    /* The cap on that growth: powers of two from 128 KiB only. */
+    const size_t cap = ac_get_bitmap_block_max();
+    report(cap == (2u << 20), "bitmap block max defaults to 2 MiB (%zu)", cap);
+    report(ac_set_bitmap_block_max(3u << 20) == AC_EINVAL &&
+               ac_set_bitmap_block_max(64u << 10) == AC_EINVAL &&
+               ac_set_bitmap_block_max(0) == AC_EINVAL && ac_get_bitmap_block_max() == cap,
+           "bitmap block max rejects what is not a power of two from 128 KiB");
+    report(ac_set_bitmap_block_max(128u << 10) == AC_OK &&
+               ac_get_bitmap_block_max() == (128u << 10),
+           "bitmap block max takes 128 KiB");
+    api_roundtrip(8, 4194319, 0); /* the same bytes with blocks that never grow */
+    ac_set_bitmap_block_max(cap);
 }
 
 int main(void) {

@@ -988,6 +988,27 @@ static void short_tile_tests(void) {
             encoded_free(&whole);
         }
     api_roundtrip(&t, 2, 256, AC_ROUND_STOCHASTIC, 0);
+    /* The threshold is a knob: with it out of reach, the same array in long tiles gives the
+     * same bytes, stochastic rounding included. */
+    const size_t from = ac_get_quant_short_tiles_from();
+    report(from == ((size_t)16 << 20), "short tiles from 16 MiB by default (%zu)", from);
+    encoded shorts = encoded_new(n, 2, 256), longs = encoded_new(n, 2, 256);
+    size_t bad = 0;
+    ac_set_isa(ac_best_isa());
+    ac_set_num_threads(2);
+    int rc = ac_quant_encode(t.data, n, AC_F32, 2, 256, AC_ROUND_STOCHASTIC, 99, shorts.packed,
+                             shorts.mins, shorts.scales, &bad);
+    ac_set_quant_short_tiles_from(SIZE_MAX);
+    report(ac_get_quant_short_tiles_from() == SIZE_MAX, "short tiles: threshold set");
+    rc |= ac_quant_encode(t.data, n, AC_F32, 2, 256, AC_ROUND_STOCHASTIC, 99, longs.packed,
+                          longs.mins, longs.scales, &bad);
+    report(rc == AC_OK && memcmp(shorts.packed, longs.packed, shorts.nbytes) == 0 &&
+               memcmp(shorts.mins, longs.mins, shorts.ngroups * sizeof(float)) == 0 &&
+               memcmp(shorts.scales, longs.scales, shorts.ngroups * sizeof(float)) == 0,
+           "short tiles: stochastic encoding equals the long-tile one (rc=%d)", rc);
+    ac_set_quant_short_tiles_from(from);
+    encoded_free(&longs);
+    encoded_free(&shorts);
     tensor_free(&t);
 }
 
