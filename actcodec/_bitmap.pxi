@@ -17,7 +17,8 @@ def bitmap_encode(const uint8_t[::1] src, int esize, uint64_t prune_abs_bits,
     cdef cnp.ndarray values = None
     cdef PageBuffer pages = None
     cdef void *v
-    if own_mapping_bytes is not None and n > 0 and n * esize >= max(<size_t>own_mapping_bytes, 1):
+    # Compared as Python ints: the threshold may exceed size_t (then it is never reached).
+    if own_mapping_bytes is not None and n > 0 and n * esize >= max(own_mapping_bytes, 1):
         pages = PageBuffer(n * esize)
         v = pages.ptr
     else:

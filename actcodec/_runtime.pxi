@@ -63,13 +63,15 @@ def set_tuning(quant_short_tiles_from=False, bitmap_block_max=None):
     if quant_short_tiles_from is not False:
         if quant_short_tiles_from is None:
             ac_set_quant_short_tiles_from(SIZE_MAX)
-        elif isinstance(quant_short_tiles_from, int) and quant_short_tiles_from >= 0:
+        elif (isinstance(quant_short_tiles_from, int) and not isinstance(quant_short_tiles_from, bool)
+              and 0 <= quant_short_tiles_from <= SIZE_MAX):
             ac_set_quant_short_tiles_from(quant_short_tiles_from)
         else:
             raise ValueError(f"quant_short_tiles_from must be an int >= 0 or None, got "
                              f"{quant_short_tiles_from!r}")
     if bitmap_block_max is not None:
-        if (not isinstance(bitmap_block_max, int) or bitmap_block_max < 0
+        if (not isinstance(bitmap_block_max, int) or isinstance(bitmap_block_max, bool)
+                or not 0 <= bitmap_block_max <= SIZE_MAX
                 or ac_set_bitmap_block_max(bitmap_block_max) != AC_OK):
             raise ValueError(f"bitmap_block_max must be a power of two from 131072 bytes, got "
                              f"{bitmap_block_max!r}")

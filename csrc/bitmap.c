@@ -136,6 +136,7 @@ int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bi
 #ifdef _OPENMP
     if (threads > 1) {
         size_t eblock = encode_block_bytes(n * es) / es, nb = n / eblock + (n % eblock != 0);
+        if ((size_t)threads > nb) threads = (int)nb; /* no scratch for threads without a block */
         size_t stride = eblock * es + AC_BITMAP_SLACK;
         unsigned char *scratch = malloc(stride * (size_t)threads);
         _Atomic size_t *ends = malloc(nb * sizeof *ends);

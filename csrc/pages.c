@@ -10,21 +10,31 @@
 #define _GNU_SOURCE
 #include <sys/mman.h>
 #include <stdint.h>
+#include <unistd.h>
 #endif
 #include <stdlib.h>
 #include "actcodec.h"
 
 #define HUGE_BYTES ((size_t)2 << 20)
-#define PAGE_BYTES ((size_t)4096)
 
 static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+#if defined(__linux__)
+/* The kernel's page size: 4 KiB on x86-64, but 16 or 64 KiB on some aarch64 kernels, and
+ * munmap only takes whole pages. */
+static size_t page_bytes(void) {
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+#endif
 
 void *ac_alloc_pages(size_t nbytes) {
     if (nbytes == 0) return NULL;
 #if defined(__linux__)
-    size_t len = round_up(nbytes, PAGE_BYTES);
-    if (len < nbytes || len > SIZE_MAX - HUGE_BYTES) return NULL;
-    size_t pad = len >= HUGE_BYTES ? HUGE_BYTES - PAGE_BYTES : 0;
+    size_t page = page_bytes();
+    if (nbytes > SIZE_MAX - HUGE_BYTES - page) return NULL;
+    size_t len = round_up(nbytes, page);
+    size_t pad = len >= HUGE_BYTES && page < HUGE_BYTES ? HUGE_BYTES - page : 0;
     unsigned char *raw = mmap(NULL, len + pad, PROT_READ | PROT_WRITE,
                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return NULL;
@@ -50,10 +60,12 @@ size_t ac_shrink_pages(void *p, size_t nbytes, size_t keep) {
     if (p == NULL || keep >= nbytes) return nbytes;
 #if defined(__linux__)
     /* Keep at least one page (a mapping cannot be empty). Pages never touched were never
-     * backed, so this gives back address space; touched ones go back to the system. */
-    size_t old_len = round_up(nbytes, PAGE_BYTES), new_len = round_up(keep ? keep : 1, PAGE_BYTES);
-    if (new_len < old_len) munmap((unsigned char *)p + new_len, old_len - new_len);
-    return new_len;
+     * backed, so this gives back address space; touched ones go back to the system. If the
+     * kernel refuses, the whole mapping stays and is freed whole. */
+    size_t page = page_bytes();
+    size_t old_len = round_up(nbytes, page), new_len = round_up(keep ? keep : 1, page);
+    if (new_len >= old_len) return nbytes;
+    return munmap((unsigned char *)p + new_len, old_len - new_len) == 0 ? new_len : nbytes;
 #else
     return nbytes; /* calloc'd memory keeps its size */
 #endif

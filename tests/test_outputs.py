@@ -130,3 +130,11 @@ def test_bitmap_encode_below_threshold_uses_numpy(monkeypatch):
     monkeypatch.setattr(_outputs, "OWN_MAPPING_BYTES", x.nbytes + 1)
     _, values = actcodec.bitmap.encode(x).buffers
     assert not isinstance(owner(values), _ext.PageBuffer)
+
+
+def test_threshold_beyond_size_t_means_never(monkeypatch):
+    """A threshold no array reaches, even one past size_t, leaves encode to numpy."""
+    monkeypatch.setattr(_outputs, "OWN_MAPPING_BYTES", 2**64)
+    _, values = actcodec.bitmap.encode(np.ones(1 << 16, np.float32)).buffers
+    assert not isinstance(owner(values), _ext.PageBuffer)
+    assert not isinstance(owner(_outputs.empty(1 << 16, np.float32)), _ext.PageBuffer)

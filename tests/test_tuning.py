@@ -32,6 +32,8 @@ def test_set_and_get(restore_tuning):
 
 @pytest.mark.parametrize("kwargs", [
     {"quant_short_tiles_from": -1}, {"quant_short_tiles_from": 1.5},
+    {"quant_short_tiles_from": True}, {"quant_short_tiles_from": 2**64},
+    {"bitmap_block_max": True}, {"bitmap_block_max": 2**64},
     {"bitmap_block_max": 3 << 20}, {"bitmap_block_max": 64 << 10}, {"bitmap_block_max": -4},
     {"bitmap_block_max": 2 << 30},
 ])
