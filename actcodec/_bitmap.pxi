@@ -4,11 +4,11 @@ cimport numpy as cnp
 
 
 def bitmap_encode(const uint8_t[::1] src, int esize, uint64_t prune_abs_bits,
-                  own_mapping_bytes=None):
+                  bint own_mapping=False):
     """Encode a flat byte view of elements of `esize` bytes. Returns (bitmap, values) as
     uint8 arrays; `values` is allocated for the worst case and shrunk in place (realloc, or
-    unmapping the tail of a mapping of its own when the worst case is at least
-    `own_mapping_bytes`), so pages it never touched are never committed."""
+    with `own_mapping` unmapping the tail of a mapping of its own), so pages it never touched
+    are never committed."""
     if esize not in (2, 4, 8) or src.shape[0] % esize:
         raise ValueError(f"bitmap_encode: {src.shape[0]} bytes is not a whole number of "
                          f"{esize}-byte elements")
@@ -17,8 +17,7 @@ def bitmap_encode(const uint8_t[::1] src, int esize, uint64_t prune_abs_bits,
     cdef cnp.ndarray values = None
     cdef PageBuffer pages = None
     cdef void *v
-    # Compared as Python ints: the threshold may exceed size_t (then it is never reached).
-    if own_mapping_bytes is not None and n > 0 and n * esize >= max(own_mapping_bytes, 1):
+    if own_mapping and n > 0:
         pages = PageBuffer(n * esize)
         v = pages.ptr
     else:

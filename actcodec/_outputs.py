@@ -40,12 +40,17 @@ def get_own_mapping_bytes() -> int | None:
     return OWN_MAPPING_BYTES
 
 
+def own_mapping(nbytes: int) -> bool:
+    """Whether an output of `nbytes` gets a mapping of its own (never an empty one)."""
+    threshold = OWN_MAPPING_BYTES
+    return threshold is not None and nbytes >= max(threshold, 1)
+
+
 def empty(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array, in memory of its own when it is large."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     nbytes = prod(shape) * dtype.itemsize
-    threshold = OWN_MAPPING_BYTES
-    if threshold is None or nbytes < max(threshold, 1):
+    if not own_mapping(nbytes):
         return np.empty(shape, dtype)
     return np.frombuffer(_ext.PageBuffer(nbytes), dtype).reshape(shape)

@@ -41,7 +41,7 @@ def encode(x, *, prune: float = 0.0, dtype: str | None = None) -> container.Enco
     thr = _dtypes.prune_abs_bits(prune, name)
     bits = _dtypes.bits_view(arr)
     bitmap, values = _ext.bitmap_encode(bits.view(np.uint8), bits.itemsize, thr,
-                                        _outputs.OWN_MAPPING_BYTES)
+                                        _outputs.own_mapping(bits.nbytes))
     return container.Encoded("bitmap", name, tuple(arr.shape), {"prune": float(prune)},
                              (bitmap, values))
 
