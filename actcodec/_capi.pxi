@@ -46,6 +46,7 @@ cdef extern from "actcodec.h" nogil:
     int ac_set_bitmap_block_max(size_t nbytes)
     float ac_uniform(uint64_t seed, uint64_t index)
     void ac_parallel_copy(void *dst, const void *src, size_t nbytes)
+    void ac_parallel_fill(void *dst, int byte, size_t nbytes)
     void *ac_alloc_pages(size_t nbytes)
     size_t ac_shrink_pages(void *p, size_t nbytes, size_t keep)
     void ac_free_pages(void *p, size_t nbytes)

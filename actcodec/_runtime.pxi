@@ -96,3 +96,13 @@ def parallel_copy(uint8_t[::1] dst, const uint8_t[::1] src):
     cdef size_t n = src.shape[0]
     with nogil:
         ac_parallel_copy(d, s, n)
+
+
+def parallel_fill(uint8_t[::1] dst, int byte):
+    """memset over the configured threads (benchmark yardstick: writing an output)."""
+    if not 0 <= byte <= 255:
+        raise ValueError(f"parallel_fill: byte must be 0..255, got {byte}")
+    cdef uint8_t *d = _wptr(dst)
+    cdef size_t n = dst.shape[0]
+    with nogil:
+        ac_parallel_fill(d, byte, n)

@@ -87,7 +87,12 @@ def markdown(rep: Report, command: str = "python -m actcodec bench") -> str:
         "pages, so first-touch page faults are part of every call, the copy's included; "
         "\"reused\": the allocator hands freed memory back (a training loop's steady state). "
         "Size ratio: original bytes / payload bytes. Milliseconds (last column) are for "
-        "orientation only; quote the ratios.",
+        "orientation only; quote the ratios. Floors, timed in the same rounds: `read` is one "
+        "threaded pass that only reads the input (the C core's min/max), the least an encoder "
+        "that looks at every element can take; `fill` a threaded memset of a new output of the "
+        "decoded size, allocated as our decode's is, the least a decoder can spend on writing "
+        "it. `fill / copy` is therefore the lowest `decode / copy` any decoder could show in "
+        "that row; in the fresh regime it is mostly the kernel's page faults.",
     ]
     for codec in CODECS:
         rows = [r for r in rep.rows if r.codec == codec]
@@ -101,6 +106,9 @@ def markdown(rep: Report, command: str = "python -m actcodec bench") -> str:
         if codec == "quant":
             out.append("- trick / cast: whole-codec time with DAF's bit-trick conversion over "
                        "plain casts (both bit-identical).")
+            out.append("- torch eager / read: eager torch's encode time over the read pass "
+                       "(below), so the largest speedup over eager torch that any encoder "
+                       "reading every element could show in that row.")
             if "torchao pack" not in labels:
                 out.append(f"- torchao: {v['torchao']}.")
             if "bitsandbytes" not in labels:

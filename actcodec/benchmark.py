@@ -22,10 +22,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import _ext, _outputs
+from . import _dtypes, _ext, _outputs
 
 REGIMES = ("fresh", "reused")
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4  # glibc mallopt parameters
 
 
 # --- timing ------------------------------------------------------------------------------
@@ -37,30 +37,66 @@ def _libc():
 
 @contextmanager
 def memory_regime(regime: str):
-    """'fresh': large outputs come newly mapped from the OS, so first-touch page faults are
-    part of every call (glibc's default for arrays of 32 MiB and more). 'reused': glibc keeps
-    freed memory and hands it out again, as it does for the smaller, recurring allocations of
-    a training loop. In 'reused' every candidate, copy included, takes its output from glibc.
-    In 'fresh' the others still do, while actcodec's decoders and the bitmap encoder's values
-    buffer do what they do by default with arrays of 32 MiB and more: take a 2 MiB-aligned
-    mapping of their own with huge pages asked for (see actcodec._outputs), where numpy takes
-    glibc's fresh mapping and asks for huge pages on its aligned part."""
+    """'fresh': every output of 32 MiB or more comes newly mapped from the OS, so first-touch
+    page faults are part of every call. That is glibc's default once a process has freed a
+    few large arrays (its mmap threshold rises with each freed mapping up to 32 MiB); it is
+    held fixed here, so the regime does not drift with what ran before. 'reused':
+    glibc keeps freed memory and hands it out again, as it does for the smaller, recurring
+    allocations of a training loop. In 'reused' every candidate, copy included, takes its
+    output from glibc. In 'fresh' the others still do, while actcodec's decoders and the bitmap
+    encoder's values buffer do what they do by default with arrays of 32 MiB and more: take a
+    2 MiB-aligned mapping of their own with huge pages asked for (see actcodec._outputs),
+    where numpy takes glibc's fresh mapping and asks for huge pages on its aligned part.
+
+    A 'reused' run leaves glibc's heap holding the outputs it freed, and glibc serves any
+    later request from its free chunks before it maps anything, so a 'fresh' run after it
+    would time the copy and the alternatives in reused memory (measured: a 64 MiB copy's
+    output took 0 page faults there, 544 in a clean process). Run every 'fresh' row before
+    the first 'reused' one (bench_report does); entering 'fresh' after a 'reused' run warns."""
     if regime not in REGIMES:
         raise ValueError(f"unknown memory regime {regime!r}; choose {', '.join(REGIMES)}")
-    libc = _libc() if regime == "reused" else None
+    libc = _libc()
+    if not hasattr(libc, "mallopt"):  # not glibc: the allocator does what it does
+        yield
+        return
+    if regime == "fresh":
+        if _HEAP_REUSED[0]:
+            warnings.warn("a 'fresh' memory regime after a 'reused' one in the same process "
+                          "reuses the heap that one left: its copy and alternatives may take "
+                          "no page faults; time the fresh rows first", RuntimeWarning,
+                          stacklevel=3)
+        fixed_mmap_threshold()
+        yield
+        return
+    _HEAP_REUSED[0] = True
     own = _outputs.get_own_mapping_bytes()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(_M_MMAP_MAX, 0)
-        libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
-        # What a user who keeps glibc's memory does: decode outputs come from it as well.
-        _outputs.set_own_mapping_bytes(None)
+    libc.mallopt(_M_MMAP_MAX, 0)
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**30)
+    # What a user who keeps glibc's memory does: decode outputs come from it as well.
+    _outputs.set_own_mapping_bytes(None)
     try:
         yield
     finally:
-        if libc is not None and hasattr(libc, "mallopt"):
-            libc.mallopt(_M_MMAP_MAX, 65536)
-            libc.mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
-            _outputs.set_own_mapping_bytes(own)
+        libc.mallopt(_M_MMAP_MAX, 65536)
+        _outputs.set_own_mapping_bytes(own)
+        fixed_mmap_threshold()
+
+
+_HEAP_REUSED = [False]
+
+
+_MMAP_THRESHOLD = 32 << 20  # where glibc's dynamic threshold stops rising (64-bit)
+
+
+def fixed_mmap_threshold() -> None:
+    """From now on map every allocation of 32 MiB or more on its own and keep the heap's top
+    at most twice that (glibc's own pair once its threshold has risen all the way): call it
+    before building a benchmark's inputs."""
+    libc = _libc()
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD)
+        libc.malloc_trim(0)
 
 
 def time_interleaved(candidates: dict, rounds: int = 9, seed: int = 0) -> dict:
@@ -84,6 +120,23 @@ def threaded_copy(x: np.ndarray) -> np.ndarray:
     out = np.empty_like(x)
     _ext.parallel_copy(out.reshape(-1).view(np.uint8), x.reshape(-1).view(np.uint8))
     return out
+
+
+def threaded_fill(nbytes: int) -> np.ndarray:
+    """A memset over actcodec's threads into an output allocated as decode's is: the least a
+    decoder can spend on writing `nbytes`. In newly mapped memory that is mostly the kernel's
+    page faults, which a copy pays as well."""
+    out = _outputs.empty((nbytes,), np.uint8)
+    _ext.parallel_fill(out, 0)
+    return out
+
+
+def read_input(x: np.ndarray):
+    """A callable making one threaded pass that only reads x (the C core's min/max): the least
+    an encoder that looks at every element can take."""
+    wire_id, esize, _ = _dtypes.DTYPES[x.dtype.name]
+    flat = x.reshape(-1).view(np.uint8)
+    return lambda: _ext.minmax(flat, wire_id, esize)
 
 
 # --- inputs ------------------------------------------------------------------------------

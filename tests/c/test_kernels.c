@@ -456,7 +456,29 @@ static void pages_tests(void) {
     report(ac_shrink_pages(NULL, 0, 0) == 0, "ac_shrink_pages(NULL) is a no-op");
 }
 
+/* The benchmarks' yardsticks: every byte, at sizes around the thread split. */
+static void yardstick_tests(void) {
+    static const size_t sizes[] = {0, 1, 4095, (1u << 20) + 3, (3u << 20) + 1};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        unsigned char *src = xmalloc(n + 2 * GUARD), *dst = xmalloc(n + 2 * GUARD);
+        for (size_t j = 0; j < n + 2 * GUARD; j++) src[j] = (unsigned char)rnd();
+        memset(dst, CANARY, n + 2 * GUARD);
+        ac_parallel_copy(dst + GUARD, src + GUARD, n);
+        report(memcmp(dst + GUARD, src + GUARD, n) == 0 && canary_ok(dst, GUARD) && canary_ok(dst + GUARD + n, GUARD),
+               "ac_parallel_copy of %zu bytes", n);
+        memset(dst, CANARY, n + 2 * GUARD);
+        ac_parallel_fill(dst + GUARD, 0x3C, n);
+        size_t bad = 0;
+        for (size_t j = 0; j < n; j++) bad += dst[GUARD + j] != 0x3C;
+        report(bad == 0 && canary_ok(dst, GUARD) && canary_ok(dst + GUARD + n, GUARD), "ac_parallel_fill of %zu bytes", n);
+        free(src);
+        free(dst);
+    }
+}
+
 static void api_tests(void) {
+    yardstick_tests();
     api_argument_tests();
     /* Not multiples of 8, and several driver blocks per thread. */
     static const size_t sizes[] = {1000003, 2999999};

@@ -1,0 +1,112 @@
+"""The benchmarks' memory regimes and yardsticks (actcodec.benchmark): a 'fresh' row really
+maps its large outputs anew, even after the process freed memory; a 'fresh' run after a
+'reused' one says it is not fresh; the threaded fill and read passes do what they say."""
+import ctypes.util
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from actcodec import _ext, benchmark
+
+glibc_linux = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not ctypes.util.find_library("c")
+    or not hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallopt"),
+    reason="the regimes steer glibc's malloc")
+
+
+def _run(code: str) -> str:
+    """Runs code in a fresh interpreter (a heap no other test has touched); its stdout."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@glibc_linux
+def test_fresh_maps_large_outputs_anew_every_time():
+    """Arrays freed before the rows (inputs built, 16 MiB arrays that would raise glibc's
+    dynamic threshold) must not serve a fresh row's 64 MiB outputs: each one faults."""
+    faults = _run("""
+        import resource
+        import numpy as np
+        from actcodec import benchmark
+        benchmark.fixed_mmap_threshold()
+        for _ in range(4):
+            a = np.ones(4 << 20, np.float32)  # 16 MiB, freed
+            del a
+        x = np.ones(16 << 20, np.float32)
+        got = []
+        with benchmark.memory_regime("fresh"):
+            for _ in range(4):
+                r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                benchmark.threaded_copy(x)
+                got.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
+        print(*got)
+    """)
+    counts = [int(v) for v in faults.split()]
+    # At least one fault per 2 MiB huge page of a 64 MiB output, on every call.
+    assert all(c >= 32 for c in counts), counts
+
+
+@glibc_linux
+def test_report_times_every_fresh_row_first_and_its_copies_fault():
+    """Three cases in both regimes: had a reused row run before the second case's fresh row,
+    that row's copies would reuse the heap it left (0 faults)."""
+    out = _run("""
+        from actcodec import bench_report
+        timed = []
+        rows = bench_report.codec_rows(mib=40, rounds=1, codecs=("bitmap",),
+                                       dtypes=("float32",),
+                                       progress=lambda row, s: timed.append(row.memory))
+        print(*timed)
+        print(*(r.memory for r in rows))
+        print(*(r.notes["copy faults"] for r in rows))
+    """)
+    timed, listed, faults = (line.split() for line in out.splitlines())
+    assert timed == ["fresh"] * 3 + ["reused"] * 3
+    assert listed == ["fresh", "reused"] * 3
+    fresh, reused = [int(f) for f in faults[0::2]], [int(f) for f in faults[1::2]]
+    assert all(f >= 20 for f in fresh) and all(f <= 2 for f in reused), faults
+
+
+@glibc_linux
+def test_fresh_after_reused_warns():
+    out = _run("""
+        import warnings
+        from actcodec import benchmark
+        with benchmark.memory_regime("reused"):
+            pass
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with benchmark.memory_regime("fresh"):
+                pass
+        print(len(caught), caught[0].category.__name__ if caught else "")
+    """)
+    assert out.split() == ["1", "RuntimeWarning"]
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4097, (3 << 20) + 1])
+def test_threaded_fill_writes_every_byte(nbytes):
+    out = benchmark.threaded_fill(nbytes)
+    assert out.dtype == np.uint8 and out.size == nbytes and not out.any()
+    buf = np.full(nbytes, 7, np.uint8)
+    _ext.parallel_fill(buf, 255)
+    assert (buf == 255).all()
+
+
+@pytest.mark.parametrize("byte", [-1, 256])
+def test_parallel_fill_rejects_values_outside_a_byte(byte):
+    with pytest.raises(ValueError, match="0..255"):
+        _ext.parallel_fill(np.zeros(8, np.uint8), byte)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_read_input_reads_the_whole_array(dtype):
+    """The read pass is the C core's min/max: it sees the last element too."""
+    x = np.zeros(100_003, dtype)
+    x[-1] = 3
+    lo, hi = benchmark.read_input(x)()[:2]
+    assert (lo, hi) == (0.0, 3.0)
