@@ -40,19 +40,21 @@ def memory_regime(regime: str):
     """'fresh': every output of 32 MiB or more comes newly mapped from the OS, so first-touch
     page faults are part of every call. That is glibc's default once a process has freed a
     few large arrays (its mmap threshold rises with each freed mapping up to 32 MiB); it is
-    held fixed here, so the regime does not drift with what ran before. 'reused':
-    glibc keeps freed memory and hands it out again, as it does for the smaller, recurring
-    allocations of a training loop. In 'reused' every candidate, copy included, takes its
-    output from glibc. In 'fresh' the others still do, while actcodec's decoders and the bitmap
-    encoder's values buffer do what they do by default with arrays of 32 MiB and more: take a
-    2 MiB-aligned mapping of their own with huge pages asked for (see actcodec._outputs),
-    where numpy takes glibc's fresh mapping and asks for huge pages on its aligned part.
+    held fixed here, so the regime does not drift with what ran before. 'reused': glibc keeps
+    freed memory and hands it out again, as it does for the smaller, recurring allocations of
+    a training loop.
+
+    Who allocates what: in 'reused' every output, ours and the yardsticks' and the
+    alternatives', comes from glibc. In 'fresh' actcodec's decoders, the bitmap encoder's
+    values buffer and the copy and fill yardsticks take a 2 MiB-aligned mapping of their own
+    with huge pages asked for (actcodec._outputs), and the alternatives (numpy, torch) take
+    glibc's fresh mapping, where numpy asks for huge pages on its aligned part.
 
     A 'reused' run leaves glibc's heap holding the outputs it freed, and glibc serves any
     later request from its free chunks before it maps anything, so a 'fresh' run after it
-    would time the copy and the alternatives in reused memory (measured: a 64 MiB copy's
-    output took 0 page faults there, 544 in a clean process). Run every 'fresh' row before
-    the first 'reused' one (bench_report does); entering 'fresh' after a 'reused' run warns."""
+    would time the alternatives in reused memory (measured: a 64 MiB numpy output took 0 page
+    faults there, 544 in a clean process). Run every 'fresh' row before the first 'reused'
+    one (bench_report does); entering 'fresh' after a 'reused' run warns."""
     if regime not in REGIMES:
         raise ValueError(f"unknown memory regime {regime!r}; choose {', '.join(REGIMES)}")
     libc = _libc()
