@@ -85,13 +85,16 @@ def get_bittrick() -> bool:
 
 
 def set_tuning(*, quant_short_tiles_from: int | None | bool = False,
-               bitmap_block_max: int | None = None) -> None:
+               bitmap_block_max: int | None = None,
+               bitmap_stream_from: int | None | bool = False) -> None:
     """Speed knobs measured on one machine (bench/tuning_pairs.py); no output byte depends on
     them. quant_short_tiles_from: inputs of at least this many bytes are quantized in short
     tiles (default 16 MiB, half that machine's L3; None: never). bitmap_block_max: the
     threaded bitmap encode's largest block, a power of two from 128 KiB (default 2 MiB).
-    A knob left out keeps its value."""
-    _ext.set_tuning(quant_short_tiles_from, bitmap_block_max)
+    bitmap_stream_from: threaded bitmap encodes of inputs of at least this many bytes write
+    their values with non-temporal stores on x86-64 (default 8 MiB; None: never). A knob
+    left out keeps its value."""
+    _ext.set_tuning(quant_short_tiles_from, bitmap_block_max, bitmap_stream_from)
 
 
 def get_tuning() -> dict:

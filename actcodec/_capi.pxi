@@ -44,6 +44,8 @@ cdef extern from "actcodec.h" nogil:
     void ac_set_quant_short_tiles_from(size_t nbytes)
     size_t ac_get_bitmap_block_max()
     int ac_set_bitmap_block_max(size_t nbytes)
+    size_t ac_get_bitmap_stream_from()
+    void ac_set_bitmap_stream_from(size_t nbytes)
     float ac_uniform(uint64_t seed, uint64_t index)
     void ac_parallel_copy(void *dst, const void *src, size_t nbytes)
     void ac_parallel_fill(void *dst, int byte, size_t nbytes)

@@ -51,24 +51,32 @@ def set_num_threads(int n):
 
 def get_tuning():
     """The speed knobs that change no output byte (see csrc/actcodec.h, "Tuning"): quant's
-    short-tile threshold in bytes (None: never) and the bitmap encode's largest block."""
+    short-tile threshold and the bitmap encode's streaming threshold in bytes (None: never),
+    and the bitmap encode's largest block."""
     cdef size_t short = ac_get_quant_short_tiles_from()
+    cdef size_t stream = ac_get_bitmap_stream_from()
     return {"quant_short_tiles_from": None if short == SIZE_MAX else short,
-            "bitmap_block_max": ac_get_bitmap_block_max()}
+            "bitmap_block_max": ac_get_bitmap_block_max(),
+            "bitmap_stream_from": None if stream == SIZE_MAX else stream}
 
 
-def set_tuning(quant_short_tiles_from=False, bitmap_block_max=None):
+cdef size_t _threshold(str name, value) except? 0:
+    """A byte threshold knob's value: an int >= 0, or None for never (SIZE_MAX)."""
+    if value is None:
+        return SIZE_MAX
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SIZE_MAX:
+        return value
+    raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
+
+
+def set_tuning(quant_short_tiles_from=False, bitmap_block_max=None, bitmap_stream_from=False):
     """Set the knobs of get_tuning; an argument left out keeps its value. For benchmarks
     (bench/tuning_pairs.py) and machines whose caches differ from the one measured."""
     if quant_short_tiles_from is not False:
-        if quant_short_tiles_from is None:
-            ac_set_quant_short_tiles_from(SIZE_MAX)
-        elif (isinstance(quant_short_tiles_from, int) and not isinstance(quant_short_tiles_from, bool)
-              and 0 <= quant_short_tiles_from <= SIZE_MAX):
-            ac_set_quant_short_tiles_from(quant_short_tiles_from)
-        else:
-            raise ValueError(f"quant_short_tiles_from must be an int >= 0 or None, got "
-                             f"{quant_short_tiles_from!r}")
+        ac_set_quant_short_tiles_from(_threshold("quant_short_tiles_from",
+                                                 quant_short_tiles_from))
+    if bitmap_stream_from is not False:
+        ac_set_bitmap_stream_from(_threshold("bitmap_stream_from", bitmap_stream_from))
     if bitmap_block_max is not None:
         if (not isinstance(bitmap_block_max, int) or isinstance(bitmap_block_max, bool)
                 or not 0 <= bitmap_block_max <= SIZE_MAX

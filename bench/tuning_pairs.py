@@ -1,15 +1,18 @@
-"""The two tuning knobs against their alternatives, in paired rounds: each round times both
+"""The tuning knobs against their alternatives, in paired rounds: each round times both
 settings on the same input, in alternating order, and the table gives the median of the
 per-round ratios (quartiles in brackets). Pairing inside one process is what makes a 10%
 difference visible on a shared machine whose speed drifts by more than that between runs.
 
 - quant encode: 512-element tiles ("short") against 4096 ("long"), for input evicted from
   the caches first ("cold") and input just rewritten ("hot", as a layer's output is);
-- bitmap encode: threaded blocks growing to 2 MiB against blocks fixed at 128 KiB.
+- bitmap encode: threaded blocks growing to 2 MiB against blocks fixed at 128 KiB;
+- bitmap encode: values written with non-temporal stores ("streamed") against ordinary ones,
+  for input evicted first and input just written (its values may then stay in cache).
 
     python bench/tuning_pairs.py [--rounds 41] [--mib 4 16 64]
 
-The defaults in csrc/ (short tiles from 16 MiB, blocks up to 2 MiB) come from this table.
+The defaults in csrc/ (short tiles from 16 MiB, blocks up to 2 MiB, streamed values from 8
+MiB) come from this table.
 """
 from __future__ import annotations
 
@@ -85,6 +88,23 @@ def bitmap_rows(mib_list, rounds):
                    quartiles(r))
 
 
+def stream_rows(mib_list, rounds):
+    big, scratch = np.zeros(EVICT_BYTES, np.uint8), np.empty(EVICT_BYTES, np.uint8)
+    for mib in mib_list:
+        src = relu_like(mib << 20, 0.5)
+        x = np.empty_like(src)
+        x[...] = src
+        enc = lambda x=x: bitmap.encode(x)  # noqa: E731
+        for temp, prepare in (
+                ("cold", lambda: _ext.parallel_copy(scratch, big)),
+                ("hot", lambda: _ext.parallel_copy(x.view(np.uint8), src.view(np.uint8)))):  # noqa: B023
+            r = paired(("streamed", with_tuning(enc, bitmap_stream_from=0)),
+                       ("ordinary", with_tuning(enc, bitmap_stream_from=None)),
+                       prepare, rounds)
+            yield (f"bitmap encode, {mib} MiB, 50% zeros, {temp}", "streamed / ordinary",
+                   quartiles(r))
+
+
 def table(rows) -> str:
     lines = ["| case | ratio | median (quartiles) |", "|---|---|---|"]
     for case, what, (m, lo, hi) in rows:
@@ -103,6 +123,7 @@ def main(argv=None) -> str:
     with memory_regime("reused"):
         rows = list(quant_rows(args.mib, args.rounds))
         rows += list(bitmap_rows([m for m in args.mib if m >= 16] or args.mib[-1:], args.rounds))
+        rows += list(stream_rows(sorted({*args.mib, 8}), args.rounds))
     out = (f"{_ext.get_num_threads()} threads, {args.rounds} paired rounds, "
            f"tuning defaults {_ext.get_tuning()}\n\n{table(rows)}")
     print(out)

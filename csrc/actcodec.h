@@ -118,7 +118,7 @@ int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t
  * SSE2/AVX2, the trick on scalar); set 0 or 1 to force, -1 to return to the default. */
 int ac_get_bittrick(void);
 void ac_set_bittrick(int on);
-/* Tuning, for benchmarks and other machines; neither changes a single output byte.
+/* Tuning, for benchmarks and other machines; none changes a single output byte.
  * Quant encode steps through inputs of at least this many bytes in 512-element tiles, smaller
  * ones in 4096-element tiles (default 16 MiB; SIZE_MAX: never). */
 size_t ac_get_quant_short_tiles_from(void);
@@ -127,6 +127,10 @@ void ac_set_quant_short_tiles_from(size_t nbytes);
  * (default 2 MiB; 128 KiB: blocks never grow). AC_EINVAL otherwise. */
 size_t ac_get_bitmap_block_max(void);
 int ac_set_bitmap_block_max(size_t nbytes);
+/* Threaded bitmap encodes of inputs of at least nbytes write their values with non-temporal
+ * stores (default 8 MiB; SIZE_MAX: never). The bytes are the same either way. */
+size_t ac_get_bitmap_stream_from(void);
+void ac_set_bitmap_stream_from(size_t nbytes);
 /* The stochastic-rounding uniform draw in [0, 1) (24 bits), for references and other backends. */
 float ac_uniform(uint64_t seed, uint64_t index);
 

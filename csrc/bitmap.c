@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
+#include "stream.h"
 #include "threads.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -38,6 +39,18 @@ int ac_set_bitmap_block_max(size_t nbytes) {
     atomic_store(&encode_block_max, nbytes);
     return AC_OK;
 }
+
+/* Inputs of at least this many bytes copy their compacted blocks out of scratch with
+ * non-temporal stores (stream.h): the values are not read again until decode, so reading
+ * each output line before writing it, as ordinary stores do, is wasted bandwidth. Below it
+ * the values may still be in cache when the caller reads them back, and ordinary stores win.
+ * `python bench/tuning_pairs.py` (float32, 2 threads, 41 paired rounds; medians of
+ * streamed / ordinary per round): SEE_TUNING_NOTE. */
+#define STREAM_FROM_BYTES ((size_t)8 << 20)
+static _Atomic size_t stream_from = STREAM_FROM_BYTES;
+
+size_t ac_get_bitmap_stream_from(void) { return atomic_load(&stream_from); }
+void ac_set_bitmap_stream_from(size_t nbytes) { atomic_store(&stream_from, nbytes); }
 
 static size_t encode_block_bytes(size_t nbytes) {
     size_t b = BLOCK_BYTES, most = atomic_load(&encode_block_max);
@@ -87,7 +100,7 @@ static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *s
                             size_t esize, uint64_t thr, uint8_t *bitmap, unsigned char *values,
                             unsigned char *scratch, size_t scratch_stride, size_t block,
                             _Atomic size_t *ends, size_t nblocks, int threads,
-                            size_t expect_bytes) {
+                            size_t expect_bytes, int stream) {
 #pragma omp parallel num_threads(threads)
     {
         size_t team = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
@@ -115,8 +128,12 @@ static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *s
                    (off = atomic_load_explicit(&ends[b - 1], memory_order_acquire)) == NOT_READY)
                 if (++spins % 256 == 0) ac_yield();
             atomic_store_explicit(&ends[b], off + c, memory_order_release);
-            memcpy(values + off * esize, mine, c * esize);
+            if (stream)
+                ac_stream_copy(values + off * esize, mine, c * esize);
+            else
+                memcpy(values + off * esize, mine, c * esize);
         }
+        if (stream) ac_stream_fence(); /* before the join, after which the caller reads */
     }
 }
 #endif
@@ -148,7 +165,8 @@ int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bi
         for (size_t b = 0; b < nb; b++) atomic_init(&ends[b], NOT_READY);
         encode_parallel(k, idx, src, n, es, prune_abs_bits, bitmap, values, scratch, stride,
                         eblock, ends, nb, threads,
-                        expected_output(src, n, esize, prune_abs_bits));
+                        expected_output(src, n, esize, prune_abs_bits),
+                        n * es >= atomic_load(&stream_from));
         *nnz = atomic_load(&ends[nb - 1]);
         free((void *)ends);
         free(scratch);

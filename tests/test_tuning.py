@@ -19,15 +19,21 @@ def restore_tuning():
 
 def test_defaults():
     assert actcodec.get_tuning() == {"quant_short_tiles_from": 16 << 20,
-                                     "bitmap_block_max": 2 << 20}
+                                     "bitmap_block_max": 2 << 20,
+                                     "bitmap_stream_from": 8 << 20}
 
 
 def test_set_and_get(restore_tuning):
-    actcodec.set_tuning(quant_short_tiles_from=None, bitmap_block_max=128 << 10)
+    actcodec.set_tuning(quant_short_tiles_from=None, bitmap_block_max=128 << 10,
+                        bitmap_stream_from=None)
     assert actcodec.get_tuning() == {"quant_short_tiles_from": None,
-                                     "bitmap_block_max": 128 << 10}
-    actcodec.set_tuning(quant_short_tiles_from=0)  # the other knob keeps its value
-    assert actcodec.get_tuning() == {"quant_short_tiles_from": 0, "bitmap_block_max": 128 << 10}
+                                     "bitmap_block_max": 128 << 10,
+                                     "bitmap_stream_from": None}
+    actcodec.set_tuning(quant_short_tiles_from=0)  # the other knobs keep their values
+    assert actcodec.get_tuning() == {"quant_short_tiles_from": 0, "bitmap_block_max": 128 << 10,
+                                     "bitmap_stream_from": None}
+    actcodec.set_tuning(bitmap_stream_from=4096)
+    assert actcodec.get_tuning()["bitmap_stream_from"] == 4096
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -36,6 +42,8 @@ def test_set_and_get(restore_tuning):
     {"bitmap_block_max": True}, {"bitmap_block_max": 2**64},
     {"bitmap_block_max": 3 << 20}, {"bitmap_block_max": 64 << 10}, {"bitmap_block_max": -4},
     {"bitmap_block_max": 2 << 30},
+    {"bitmap_stream_from": -1}, {"bitmap_stream_from": True}, {"bitmap_stream_from": 2**64},
+    {"bitmap_stream_from": "8M"},
 ])
 def test_bad_values(restore_tuning, kwargs):
     before = actcodec.get_tuning()
@@ -71,6 +79,25 @@ def test_bitmap_bytes_do_not_depend_on_blocks(restore_tuning, zeros):
     assert got[0] == got[1]
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("zeros", [0.0, 0.5, 0.97])
+def test_bitmap_bytes_do_not_depend_on_streaming(restore_tuning, dtype, zeros):
+    """Values copied out of scratch with non-temporal stores against
+    ordinary stores: the same encoding, decoding to the same bits."""
+    x = relu_like(3 << 20, zeros, seed=4, dtype=dtype)
+    threads = actcodec.get_num_threads()
+    actcodec.set_num_threads(2)
+    try:
+        got = []
+        for threshold in (0, None):
+            actcodec.set_tuning(bitmap_stream_from=threshold)
+            got.append(actcodec.bitmap.encode(x))
+    finally:
+        actcodec.set_num_threads(threads)
+    assert got[0].to_bytes() == got[1].to_bytes()
+    assert got[0].decode().tobytes() == x.tobytes()
+
+
 def test_tuning_pairs_script_runs(restore_tuning):
     path = Path(__file__).resolve().parents[1] / "bench" / "tuning_pairs.py"
     spec = importlib.util.spec_from_file_location("tuning_pairs", path)
@@ -79,4 +106,5 @@ def test_tuning_pairs_script_runs(restore_tuning):
     out = mod.main(["--rounds", "3", "--mib", "1"])
     assert "| quant 2-bit encode, 1 MiB, cold | short / long |" in out
     assert "| bitmap encode, 1 MiB, 50% zeros, cold |" in out
+    assert "| bitmap encode, 8 MiB, 50% zeros, hot | streamed / ordinary |" in out
     assert actcodec.get_tuning()["quant_short_tiles_from"] == 16 << 20

@@ -16,6 +16,7 @@
 #include <string.h>
 #include "actcodec.h"
 #include "kernels.h"
+#include "stream.h"
 
 #define HARNESS_SEED 0x243F6A8885A308D3ull
 #include "harness.h"
@@ -456,6 +457,28 @@ static void pages_tests(void) {
     report(ac_shrink_pages(NULL, 0, 0) == 0, "ac_shrink_pages(NULL) is a no-op");
 }
 
+/* The non-temporal copy: every byte, and nothing outside dst, at every destination offset
+ * within a line and lengths around the line-sized body (empty, shorter than the head, one
+ * line, odd tails). */
+static void stream_copy_tests(void) {
+    static const size_t lengths[] = {0, 1, 15, 63, 64, 65, 127, 128, 129, 191, 1000, 4099};
+    unsigned char *src = xmalloc(4099 + 128), *block = xmalloc(4099 + 128 + 2 * GUARD);
+    for (size_t j = 0; j < 4099 + 128; j++) src[j] = (unsigned char)rnd();
+    for (size_t o = 0; o < 64; o++)
+        for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
+            size_t n = lengths[i];
+            unsigned char *dst = block + GUARD + o;
+            memset(block, CANARY, 4099 + 128 + 2 * GUARD);
+            ac_stream_copy(dst, src + o / 3, n);
+            ac_stream_fence();
+            report(memcmp(dst, src + o / 3, n) == 0 && canary_ok(block, GUARD + o) &&
+                       canary_ok(dst + n, GUARD),
+                   "ac_stream_copy of %zu bytes to line offset %zu", n, o);
+        }
+    free(src);
+    free(block);
+}
+
 /* The benchmarks' yardsticks: every byte, at sizes around the thread split. */
 static void yardstick_tests(void) {
     static const size_t sizes[] = {0, 1, 4095, (1u << 20) + 3, (3u << 20) + 1};
@@ -479,6 +502,7 @@ static void yardstick_tests(void) {
 
 static void api_tests(void) {
     yardstick_tests();
+    stream_copy_tests();
     api_argument_tests();
     /* Not multiples of 8, and several driver blocks per thread. */
     static const size_t sizes[] = {1000003, 2999999};
@@ -505,6 +529,17 @@ static void api_tests(void) {
            "bitmap block max takes 128 KiB");
     api_roundtrip(8, 4194319, 0); /* the same bytes with blocks that never grow */
     ac_set_bitmap_block_max(cap);
+    /* Values written with non-temporal stores from 8 MiB (the 32 MiB case above); every
+     * size when asked, and never when asked: the same bytes. */
+    const size_t stream = ac_get_bitmap_stream_from();
+    report(stream == (8u << 20), "bitmap stream threshold defaults to 8 MiB (%zu)", stream);
+    ac_set_bitmap_stream_from(0);
+    report(ac_get_bitmap_stream_from() == 0, "bitmap stream threshold takes 0");
+    api_roundtrip(4, 1000003, 0);
+    api_roundtrip(2, 2999999, 0x1419);
+    ac_set_bitmap_stream_from(SIZE_MAX);
+    api_roundtrip(8, 4194319, 0);
+    ac_set_bitmap_stream_from(stream);
 }
 
 int main(void) {
