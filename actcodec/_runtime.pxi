@@ -70,19 +70,27 @@ cdef size_t _threshold(str name, value) except? 0:
 
 
 def set_tuning(quant_short_tiles_from=False, bitmap_block_max=None, bitmap_stream_from=False):
-    """Set the knobs of get_tuning; an argument left out keeps its value. For benchmarks
-    (bench/tuning_pairs.py) and machines whose caches differ from the one measured."""
+    """Set the knobs of get_tuning; an argument left out keeps its value, and a bad one
+    changes none. For benchmarks (bench/tuning_pairs.py) and machines whose caches differ
+    from the one measured."""
+    cdef size_t short = 0, stream = 0
     if quant_short_tiles_from is not False:
-        ac_set_quant_short_tiles_from(_threshold("quant_short_tiles_from",
-                                                 quant_short_tiles_from))
+        short = _threshold("quant_short_tiles_from", quant_short_tiles_from)
     if bitmap_stream_from is not False:
-        ac_set_bitmap_stream_from(_threshold("bitmap_stream_from", bitmap_stream_from))
+        stream = _threshold("bitmap_stream_from", bitmap_stream_from)
     if bitmap_block_max is not None:
+        # ac_set_bitmap_block_max's own rule, checked before anything is set
         if (not isinstance(bitmap_block_max, int) or isinstance(bitmap_block_max, bool)
-                or not 0 <= bitmap_block_max <= SIZE_MAX
-                or ac_set_bitmap_block_max(bitmap_block_max) != AC_OK):
-            raise ValueError(f"bitmap_block_max must be a power of two from 131072 bytes, got "
-                             f"{bitmap_block_max!r}")
+                or not 131072 <= bitmap_block_max <= 1 << 30
+                or bitmap_block_max & (bitmap_block_max - 1)):
+            raise ValueError(f"bitmap_block_max must be a power of two from 131072 bytes to "
+                             f"1 GiB, got {bitmap_block_max!r}")
+        if ac_set_bitmap_block_max(bitmap_block_max) != AC_OK:
+            raise ValueError(f"bitmap_block_max {bitmap_block_max!r} was refused")
+    if quant_short_tiles_from is not False:
+        ac_set_quant_short_tiles_from(short)
+    if bitmap_stream_from is not False:
+        ac_set_bitmap_stream_from(stream)
 
 
 def checksum64(const uint8_t[::1] data, uint64_t seed=0):

@@ -52,6 +52,18 @@ def test_bad_values(restore_tuning, kwargs):
     assert actcodec.get_tuning() == before
 
 
+@pytest.mark.parametrize("kwargs", [
+    {"bitmap_stream_from": 0, "bitmap_block_max": 3},
+    {"quant_short_tiles_from": 0, "bitmap_stream_from": -1},
+    {"bitmap_block_max": 256 << 10, "quant_short_tiles_from": 1.5},
+])
+def test_one_bad_value_changes_no_knob(restore_tuning, kwargs):
+    before = actcodec.get_tuning()
+    with pytest.raises(ValueError):
+        actcodec.set_tuning(**kwargs)
+    assert actcodec.get_tuning() == before
+
+
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_quant_bytes_do_not_depend_on_tiles(restore_tuning, bits, rounding):
