@@ -78,15 +78,12 @@ def set_tuning(quant_short_tiles_from=False, bitmap_block_max=None, bitmap_strea
         short = _threshold("quant_short_tiles_from", quant_short_tiles_from)
     if bitmap_stream_from is not False:
         stream = _threshold("bitmap_stream_from", bitmap_stream_from)
-    if bitmap_block_max is not None:
-        # ac_set_bitmap_block_max's own rule, checked before anything is set
+    if bitmap_block_max is not None:  # the C setter checks and sets in one; the rest waits
         if (not isinstance(bitmap_block_max, int) or isinstance(bitmap_block_max, bool)
-                or not 131072 <= bitmap_block_max <= 1 << 30
-                or bitmap_block_max & (bitmap_block_max - 1)):
+                or not 0 <= bitmap_block_max <= SIZE_MAX
+                or ac_set_bitmap_block_max(bitmap_block_max) != AC_OK):
             raise ValueError(f"bitmap_block_max must be a power of two from 131072 bytes to "
                              f"1 GiB, got {bitmap_block_max!r}")
-        if ac_set_bitmap_block_max(bitmap_block_max) != AC_OK:
-            raise ValueError(f"bitmap_block_max {bitmap_block_max!r} was refused")
     if quant_short_tiles_from is not False:
         ac_set_quant_short_tiles_from(short)
     if bitmap_stream_from is not False:

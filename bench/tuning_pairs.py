@@ -58,15 +58,26 @@ def with_tuning(fn, **tuning):
     return run
 
 
-def quant_rows(mib_list, rounds):
+def evict():
+    """A callable that pushes everything out of the caches (rewrites a buffer past L3)."""
     big, scratch = np.zeros(EVICT_BYTES, np.uint8), np.empty(EVICT_BYTES, np.uint8)
+    return lambda: _ext.parallel_copy(scratch, big)
+
+
+def temperatures(src, cold):
+    """A copy x of src, and ("cold", cold: an evict()) and ("hot", rewrite x from src, as a
+    layer writes its output just before it is encoded): what to run before each timed call."""
+    x = np.empty_like(src)
+    x[...] = src
+    rewrite = lambda: _ext.parallel_copy(x.view(np.uint8), src.view(np.uint8))  # noqa: E731
+    return x, (("cold", cold), ("hot", rewrite))
+
+
+def quant_rows(mib_list, rounds):
+    cold = evict()
     for mib in mib_list:
-        src = normal(mib << 20)
-        x = np.empty_like(src)
-        x[...] = src
-        for temp, prepare in (
-                ("cold", lambda: _ext.parallel_copy(scratch, big)),
-                ("hot", lambda: _ext.parallel_copy(x.view(np.uint8), src.view(np.uint8)))):  # noqa: B023
+        x, temps = temperatures(normal(mib << 20), cold)
+        for temp, prepare in temps:
             for bits in (2, 8):
                 enc = lambda bits=bits: quant.encode(x, bits)  # noqa: E731, B023
                 r = paired(("short", with_tuning(enc, quant_short_tiles_from=0)),
@@ -76,28 +87,24 @@ def quant_rows(mib_list, rounds):
 
 
 def bitmap_rows(mib_list, rounds):
-    big, scratch = np.zeros(EVICT_BYTES, np.uint8), np.empty(EVICT_BYTES, np.uint8)
+    cold = evict()
     for mib in mib_list:
         for zeros in (0.1, 0.5, 0.9):
             x = relu_like(mib << 20, zeros)
             enc = lambda x=x: bitmap.encode(x)  # noqa: E731
             r = paired(("grown", with_tuning(enc, bitmap_block_max=2 << 20)),
                        ("fixed", with_tuning(enc, bitmap_block_max=128 << 10)),
-                       lambda: _ext.parallel_copy(scratch, big), rounds)
+                       cold, rounds)
             yield (f"bitmap encode, {mib} MiB, {zeros:.0%} zeros, cold", "2 MiB / 128 KiB blocks",
                    quartiles(r))
 
 
 def stream_rows(mib_list, rounds):
-    big, scratch = np.zeros(EVICT_BYTES, np.uint8), np.empty(EVICT_BYTES, np.uint8)
+    cold = evict()
     for mib in mib_list:
-        src = relu_like(mib << 20, 0.5)
-        x = np.empty_like(src)
-        x[...] = src
+        x, temps = temperatures(relu_like(mib << 20, 0.5), cold)
         enc = lambda x=x: bitmap.encode(x)  # noqa: E731
-        for temp, prepare in (
-                ("cold", lambda: _ext.parallel_copy(scratch, big)),
-                ("hot", lambda: _ext.parallel_copy(x.view(np.uint8), src.view(np.uint8)))):  # noqa: B023
+        for temp, prepare in temps:
             r = paired(("streamed", with_tuning(enc, bitmap_stream_from=0)),
                        ("ordinary", with_tuning(enc, bitmap_stream_from=None)),
                        prepare, rounds)
