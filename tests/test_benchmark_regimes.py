@@ -95,3 +95,21 @@ def test_read_input_reads_the_whole_array(dtype):
     x[-1] = 3
     lo, hi = benchmark.read_input(x)()[:2]
     assert (lo, hi) == (0.0, 3.0)
+
+
+@glibc_linux
+def test_fresh_split_script_reports_every_call_and_the_copy_faults():
+    """bench/fresh_split.py, run as a user would, in a clean process: one row per call, and
+    the copy's 34 MiB output is newly mapped (it faults), which is what the script is about."""
+    script = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "bench" /
+                 "fresh_split.py")
+    out = subprocess.run([sys.executable, script, "--mib", "34", "--rounds", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    for call in ("copy", "fill (memset)", "bitmap decode, 50% zeros", "bitmap encode, 50% zeros",
+                 "quant decode, 2-bit", "quant encode, 2-bit"):
+        assert call in rows, out.stdout
+    assert rows["copy"][2] == "1.00"
+    assert int(rows["copy"][3]) > 0, out.stdout
