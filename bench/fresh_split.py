@@ -11,14 +11,12 @@ them by sampling, so only the totals are meaningful) and count both threads' CPU
 from __future__ import annotations
 
 import argparse
-import random
 import resource
-import time
 from statistics import median
 
 from actcodec import bitmap, quant
 from actcodec.benchmark import (fixed_mmap_threshold, memory_regime, normal, relu_like,
-                                threaded_copy, threaded_fill)
+                                threaded_copy, threaded_fill, time_interleaved)
 
 
 def candidates(nbytes: int) -> dict:
@@ -32,27 +30,28 @@ def candidates(nbytes: int) -> dict:
             "quant encode, 2-bit": lambda: quant.encode(dense, 2)}
 
 
-def measure(cands: dict, rounds: int, seed: int = 0) -> dict:
-    """name -> (median wall ms, median faults, system CPU ms per call, user CPU ms per call)"""
-    wall = {n: [] for n in cands}
-    faults = {n: [] for n in cands}
-    cpu = {n: [0.0, 0.0] for n in cands}
-    order, rng = list(cands), random.Random(seed)
-    for fn in cands.values():
-        fn()
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for name in order:
+def measure(cands: dict, rounds: int) -> dict:
+    """name -> (median wall ms, median faults, system CPU ms per call, user CPU ms per call),
+    from benchmark.time_interleaved with each call's getrusage deltas taken around it."""
+    usage = {name: [] for name in cands}
+
+    def counted(name, fn):
+        def run():
             r0 = resource.getrusage(resource.RUSAGE_SELF)
-            t0 = time.perf_counter()
-            cands[name]()
-            wall[name].append(time.perf_counter() - t0)
+            fn()
             r1 = resource.getrusage(resource.RUSAGE_SELF)
-            faults[name].append(r1.ru_minflt - r0.ru_minflt)
-            cpu[name][0] += r1.ru_stime - r0.ru_stime
-            cpu[name][1] += r1.ru_utime - r0.ru_utime
-    return {n: (median(wall[n]) * 1e3, median(faults[n]), cpu[n][0] / rounds * 1e3,
-                cpu[n][1] / rounds * 1e3) for n in cands}
+            usage[name].append((r1.ru_minflt - r0.ru_minflt, r1.ru_stime - r0.ru_stime,
+                                r1.ru_utime - r0.ru_utime))
+        return run
+
+    wall = time_interleaved({n: counted(n, fn) for n, fn in cands.items()}, rounds=rounds)
+    out = {}
+    for name, calls in usage.items():
+        calls = calls[1:]  # the warm-up call
+        out[name] = (wall[name] * 1e3, median(c[0] for c in calls),
+                     sum(c[1] for c in calls) / len(calls) * 1e3,
+                     sum(c[2] for c in calls) / len(calls) * 1e3)
+    return out
 
 
 def table(res: dict) -> str:
