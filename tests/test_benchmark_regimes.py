@@ -5,6 +5,7 @@ import ctypes.util
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,8 +102,7 @@ def test_read_input_reads_the_whole_array(dtype):
 def test_fresh_split_script_reports_every_call_and_the_copy_faults():
     """bench/fresh_split.py, run as a user would, in a clean process: one row per call, and
     the copy's 34 MiB output is newly mapped (it faults), which is what the script is about."""
-    script = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "bench" /
-                 "fresh_split.py")
+    script = str(Path(__file__).resolve().parents[1] / "bench" / "fresh_split.py")
     out = subprocess.run([sys.executable, script, "--mib", "34", "--rounds", "2"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
