@@ -6,6 +6,7 @@
 #include "kernels.h"
 #include "stream.h"
 #include "threads.h"
+#include "first_touch.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -110,10 +111,17 @@ static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *s
         /* First touch: the scan writes the output in an order that alternates threads block
          * by block, and two threads faulting in the same fresh (huge) page wait on each
          * other. Touching one byte per page of the expected output, each thread its own
-         * contiguous share, faults the pages in the way a threaded copy does. Pages already
-         * mapped cost one cache miss each; bytes written here are overwritten or cut off. */
+         * contiguous share, faults the pages in the way a threaded copy does, each 2 MiB
+         * stretch at its end first (first_touch.h: 64 MiB, 6.4-6.5 -> 5.2-5.6 ms). Pages
+         * already mapped cost one cache miss each; bytes written here are overwritten or cut
+         * off. */
         size_t share = expect_bytes / team, first = t * share, last = first + share;
-        for (size_t p = first; p < last; p += 4096) ((volatile unsigned char *)values)[p] = 0;
+        uintptr_t next = 0;
+        for (size_t p = first; p < last; p += 4096) {
+            if ((uintptr_t)(values + p) >= next)
+                next = ac_touch_stretch_end(values + p, values + last);
+            ((volatile unsigned char *)values)[p] = 0;
+        }
 #pragma omp barrier
         for (size_t b = t; b < nblocks; b += team) {
             size_t start = b * block, len = n - start < block ? n - start : block;
@@ -222,13 +230,26 @@ int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size
     if (first[nblocks] != nnz) { free(first); return AC_ECORRUPT; }
     const unsigned char *vals = values;
     unsigned char *out = dst;
+    /* Each thread its contiguous share of blocks, front to back (first_touch.h). */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
-    for (long long b = 0; b < (long long)nblocks; b++) {
-        size_t start = (size_t)b * block, len = n - start < block ? n - start : block;
-        k->bm_decode[idx](bitmap + start / 8, len, vals + first[b] * es, first[b + 1] - first[b],
-                          out + start * es);
+    {
+        size_t team = 1, t = 0;
+#ifdef _OPENMP
+        team = (size_t)omp_get_num_threads();
+        t = (size_t)omp_get_thread_num();
+#endif
+        size_t lo = nblocks * t / team, hi = nblocks * (t + 1) / team;
+        unsigned char *end = out + (hi * block < n ? hi * block : n) * es;
+        uintptr_t next = 0;
+        for (size_t b = lo; b < hi; b++) {
+            size_t start = b * block, len = n - start < block ? n - start : block;
+            if ((uintptr_t)(out + start * es) >= next)
+                next = ac_touch_stretch_end(out + start * es, end);
+            k->bm_decode[idx](bitmap + start / 8, len, vals + first[b] * es,
+                              first[b + 1] - first[b], out + start * es);
+        }
     }
     free(first);
     return AC_OK;

@@ -4,8 +4,26 @@
  * newly mapped memory is mostly the kernel's page faults. */
 #include <string.h>
 #include "threads.h"
+#include "first_touch.h"
 
 #define COPY_BLOCK (1u << 20)
+
+/* memset, and into newly mapped memory the way the decoders write (first_touch.h): the least
+ * they can spend. Into memory already mapped one long memset is faster (it stores without
+ * reading the lines first: 64 MiB 1.4 ms, against 2.2 ms stretch by stretch). */
+static void fill_share(unsigned char *dst, int byte, size_t nbytes) {
+    if (nbytes == 0 || !ac_page_unmapped(dst)) {
+        memset(dst, byte, nbytes);
+        return;
+    }
+    unsigned char *end = dst + nbytes;
+    for (unsigned char *p = dst; p < end;) {
+        unsigned char *next = (unsigned char *)ac_touch_stretch_end(p, end);
+        size_t len = next < end ? (size_t)(next - p) : (size_t)(end - p);
+        memset(p, byte, len);
+        p += len;
+    }
+}
 
 /* memcpy (fill == 0) or memset of byte (fill != 0) over nbytes, each thread on its own
  * contiguous share rather than interleaved blocks: the hardware prefetcher prefers it. */
@@ -18,7 +36,7 @@ static void over_threads(void *dst, const void *src, int byte, int fill, size_t 
         size_t lo = nbytes / (size_t)threads * (size_t)t;
         size_t hi = t == threads - 1 ? nbytes : nbytes / (size_t)threads * (size_t)(t + 1);
         if (fill)
-            memset((char *)dst + lo, byte, hi - lo);
+            fill_share((unsigned char *)dst + lo, byte, hi - lo);
         else
             memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
     }

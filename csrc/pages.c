@@ -14,6 +14,7 @@
 #endif
 #include <stdlib.h>
 #include "actcodec.h"
+#include "first_touch.h"
 
 #define HUGE_BYTES ((size_t)2 << 20)
 
@@ -78,5 +79,18 @@ void ac_free_pages(void *p, size_t nbytes) {
 #else
     (void)nbytes;
     free(p);
+#endif
+}
+
+int ac_page_unmapped(const void *p) {
+#if defined(__linux__)
+    /* mincore reports whether the page is resident; anonymous memory never written is not. */
+    size_t page = page_bytes();
+    unsigned char resident = 1;
+    void *start = (void *)((uintptr_t)p / page * page);
+    return mincore(start, page, &resident) == 0 && (resident & 1) == 0;
+#else
+    (void)p;
+    return 0;
 #endif
 }

@@ -9,6 +9,7 @@
 #include "kernels.h"
 #include "quant_common.h"
 #include "threads.h"
+#include "first_touch.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -242,8 +243,11 @@ static void decode_range(const job *j, size_t a, size_t b, int out_dtype) {
     uint8_t codes[TILE];
     size_t per = 256 / (size_t)j->bits, G = j->group, oes = dtype_size(out_dtype);
     unsigned char *dst = (unsigned char *)j->src;
+    uintptr_t next = 0; /* first_touch.h */
     for (size_t ts = a; ts < b; ts += TILE) {
         size_t te = b - ts < TILE ? b : ts + TILE;
+        if ((uintptr_t)(dst + ts * oes) >= next)
+            next = ac_touch_stretch_end(dst + ts * oes, dst + b * oes);
         size_t nt = te - ts, full = nt / per, rem = nt % per;
         const uint8_t *in = j->packed + ts / per * AC_QBLOCK_BYTES;
         const uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes; /* identity layout */

@@ -17,6 +17,7 @@
 #include "actcodec.h"
 #include "kernels.h"
 #include "stream.h"
+#include "first_touch.h"
 
 #define HARNESS_SEED 0x243F6A8885A308D3ull
 #include "harness.h"
@@ -500,7 +501,79 @@ static void yardstick_tests(void) {
     }
 }
 
+/* first_touch.h: the store lands on the last byte of p's 2 MiB stretch before end, or
+ * nowhere when that is before p; nothing else changes. Then a fill and a decode into newly
+ * mapped memory, starting just before and after a stretch boundary (the first-touch paths):
+ * every byte right, nothing outside written. */
+static void first_touch_tests(void) {
+    const size_t H = AC_STRETCH_BYTES, total = 3 * H;
+    unsigned char *buf = ac_alloc_pages(total); /* 2 MiB aligned on Linux */
+    if (buf == NULL) { report(0, "ac_alloc_pages(%zu) for first-touch tests", total); return; }
+    unsigned char *base = (unsigned char *)(((uintptr_t)buf + H - 1) / H * H);
+    if (base + H + H / 2 > buf + total) base -= H; /* room for the cases below either way */
+    static const long starts[] = {0, 1, -1, 4095, (long)(AC_STRETCH_BYTES / 2)};
+    static const long ends[] = {1, 2, 4096, (long)AC_STRETCH_BYTES - 1, (long)AC_STRETCH_BYTES,
+                                (long)AC_STRETCH_BYTES + 7};
+    for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
+        for (size_t j = 0; j < sizeof ends / sizeof ends[0]; j++) {
+            if (starts[i] < 0 && base == buf) continue; /* no byte before the stretch */
+            unsigned char *p = base + starts[i];
+            unsigned char *end = base + ends[j];
+            unsigned char *lo = p < end ? p : end, *hi = p < end ? end : p;
+            lo -= lo > buf; /* one byte of margin each side */
+            hi += hi < buf + total;
+            memset(lo, 0xA5, (size_t)(hi - lo));
+            uintptr_t next = ac_touch_stretch_end(p, end);
+            uintptr_t want_next = ((uintptr_t)p / H + 1) * H;
+            unsigned char *want = (uintptr_t)end < want_next ? end - 1 : (unsigned char *)want_next - 1;
+            size_t changed = 0, at_want = 0;
+            for (unsigned char *q = lo; q < hi; q++)
+                if (*q != 0xA5) { changed++; at_want += q == want; }
+            int ok = next == want_next && (want >= p ? changed == 1 && at_want == 1 : changed == 0);
+            report(ok, "ac_touch_stretch_end(p = stretch%+ld, end = stretch+%ld): next ok %d, "
+                   "%zu bytes changed", starts[i], ends[j], next == want_next, changed);
+        }
+    ac_free_pages(buf, total);
+
+    /* Fill and decode at a byte and at a float32 before a stretch boundary, fresh each time. */
+    const size_t n = (3u << 20) / 4 + 5; /* float32 elements: about 3 MiB, odd tail */
+    unsigned char *src = xmalloc(n * 4), *bm = xmalloc(ac_bitmap_nbytes(n));
+    unsigned char *vals = xmalloc(n * 4 + AC_BITMAP_SLACK);
+    for (size_t i = 0; i < n; i++) put_elem(src + 4 * i, 4, rnd01() < 0.5 ? 0 : rnd() & 0xFFFFFFFFu);
+    size_t nnz = 0;
+    report(ac_bitmap_encode(src, n, 4, 0, bm, vals, &nnz) == AC_OK, "first touch: encode");
+    static const size_t leads[] = {1, 4, 4096, 0};
+    for (size_t i = 0; i < sizeof leads / sizeof leads[0]; i++) {
+        unsigned char *fresh = ac_alloc_pages(total + H);
+        if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch fill"); continue; }
+        unsigned char *at = (unsigned char *)(((uintptr_t)fresh + H - 1) / H * H) + H - leads[i];
+#if defined(__linux__)
+        report(ac_page_unmapped(at), "first touch: a new page reads as unmapped");
+#endif
+        ac_parallel_fill(at, 0x3C, n * 4);
+        size_t bad = 0;
+        for (size_t j = 0; j < n * 4; j++) bad += at[j] != 0x3C;
+        report(bad == 0 && (at == fresh || at[-1] == 0) && at[n * 4] == 0,
+               "first touch: fill %zu bytes from %zu before a stretch (%zu wrong)", n * 4,
+               leads[i], bad);
+        report(!ac_page_unmapped(at), "first touch: a written page reads as mapped");
+        ac_free_pages(fresh, total + H);
+        fresh = ac_alloc_pages(total + H);
+        if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch decode"); continue; }
+        at = (unsigned char *)(((uintptr_t)fresh + H - 1) / H * H) + H - leads[i] * 4;
+        int rc = ac_bitmap_decode(bm, vals, nnz, n, 4, at);
+        report(rc == AC_OK && memcmp(at, src, n * 4) == 0 && at[-1] == 0 && at[n * 4] == 0,
+               "first touch: bitmap decode from %zu floats before a stretch (rc=%d)", leads[i],
+               rc);
+        ac_free_pages(fresh, total + H);
+    }
+    free(vals);
+    free(bm);
+    free(src);
+}
+
 static void api_tests(void) {
+    first_touch_tests();
     yardstick_tests();
     stream_copy_tests();
     api_argument_tests();
