@@ -137,8 +137,9 @@ def threaded_copy(x: np.ndarray) -> np.ndarray:
 
 def threaded_fill(nbytes: int) -> np.ndarray:
     """A memset over actcodec's threads into an output allocated as decode's is: the least a
-    decoder can spend on writing `nbytes`. In newly mapped memory that is mostly the kernel's
-    page faults, which a copy pays as well."""
+    decoder can spend on writing `nbytes`. Into newly mapped memory it writes as our decoders
+    do, each 2 MiB stretch faulted at its end first (csrc/first_touch.h), and there it is
+    mostly the kernel's zeroing of the new pages; into memory already mapped, one memset."""
     out = _outputs.empty((nbytes,), np.uint8)
     _ext.parallel_fill(out, 0)
     return out

@@ -143,7 +143,8 @@ void *ac_alloc_pages(size_t nbytes);
  * returns the size to pass to ac_free_pages from then on. */
 size_t ac_shrink_pages(void *p, size_t nbytes, size_t keep);
 void ac_free_pages(void *p, size_t nbytes);
-/* memcpy / memset split over the configured threads (the benchmarks' yardsticks). */
+/* memcpy / memset split over the configured threads (the benchmarks' yardsticks). The
+ * memset writes newly mapped memory as the decoders do (first_touch.h). */
 void ac_parallel_copy(void *dst, const void *src, size_t nbytes);
 void ac_parallel_fill(void *dst, int byte, size_t nbytes);
 /* Fast 64-bit checksum of a byte string (container format). Same value on every platform. */

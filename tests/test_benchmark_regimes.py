@@ -113,3 +113,30 @@ def test_fresh_split_script_reports_every_call_and_the_copy_faults():
         assert call in rows, out.stdout
     assert rows["copy"][2] == "1.00"
     assert int(rows["copy"][3]) > 0, out.stdout
+
+
+def test_first_touch_program_builds_from_the_c_core_alone_and_checks_its_bytes(tmp_path):
+    """bench/first_touch.c, built as its header says (the C core and no Python) and run small:
+    a row per way of writing, the copy as the unit, and its copies and decode verified."""
+    import shutil
+    import sysconfig
+
+    cc = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    root = Path(__file__).resolve().parents[1]
+    exe = tmp_path / "first_touch"
+    sources = sorted(str(p) for p in (root / "csrc").glob("*.c"))
+    build = [cc, "-O2", "-std=c11", "-fopenmp", f"-I{root / 'csrc'}", *sources,
+             str(root / "bench" / "first_touch.c"), "-o", str(exe), "-lm"]
+    if subprocess.run(build, capture_output=True).returncode != 0:  # no OpenMP: serial
+        build.remove("-fopenmp")
+        res = subprocess.run(build, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+    out = subprocess.run([str(exe), "8", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert len(rows) == 10, out.stdout  # the header and nine ways of writing
+    assert rows["ac_parallel_copy (the copy yardstick)"][2].strip(" |") == "1.00"
+    assert all(float(r[1]) > 0 for name, r in rows.items() if name != "write"), out.stdout
