@@ -94,6 +94,18 @@ static size_t expected_output(const void *src, size_t n, int esize, uint64_t pru
     return (size_t)(ac_nonzero_share_floor(src, n, esize, NULL) * (double)n) * (size_t)esize;
 }
 
+/* Where thread t's share of the first `total` bytes of values starts: at the 2 MiB boundary
+ * nearest an even split, so that no two threads fault one huge page (the kernel would zero
+ * it for both and keep one). */
+static size_t share_start(const unsigned char *values, size_t total, size_t t, size_t team) {
+    if (t == 0) return 0;
+    if (t >= team) return total;
+    uintptr_t even = (uintptr_t)values + total / team * t;
+    uintptr_t at = (even + AC_STRETCH_BYTES / 2) / AC_STRETCH_BYTES * AC_STRETCH_BYTES;
+    size_t off = at < (uintptr_t)values ? 0 : (size_t)(at - (uintptr_t)values);
+    return off < total ? off : total;
+}
+
 /* Threaded encode in one pass over the input (a chained scan). Blocks go round-robin; a
  * block's output offset is the previous block's published end. When that is already known,
  * the block compacts straight into values (its store slack lands in the next block's room,
@@ -115,7 +127,8 @@ static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *s
          * stretch at its end first (first_touch.h: 64 MiB, 6.4-6.5 -> 5.2-5.6 ms). Pages
          * already mapped cost one cache miss each; bytes written here are overwritten or cut
          * off. */
-        size_t share = expect_bytes / team, first = t * share, last = first + share;
+        size_t first = share_start(values, expect_bytes, t, team);
+        size_t last = share_start(values, expect_bytes, t + 1, team);
         uintptr_t next = 0;
         for (size_t p = first; p < last; p += 4096) {
             if ((uintptr_t)(values + p) >= next)
