@@ -566,6 +566,26 @@ static void first_touch_tests(void) {
                "first touch: bitmap decode from %zu floats before a stretch (rc=%d)", leads[i],
                rc);
         ac_free_pages(fresh, total + H);
+        /* Encode into new pages (the values faulted in as the scan reaches them), once with
+         * a page in the middle already written: the same bytes as into malloc'd memory. */
+        for (int premapped = 0; premapped < 2; premapped++) {
+            fresh = ac_alloc_pages(total + H);
+            if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch encode"); continue; }
+            at = (unsigned char *)(((uintptr_t)fresh + H - 1) / H * H) + H - leads[i] * 4;
+            if (premapped) at[H + 12345] = 0x77;
+            uint8_t *bm2 = xmalloc(ac_bitmap_nbytes(n));
+            size_t nnz2 = 0;
+            for (int threads = 1; threads <= 2; threads++) {
+                ac_set_num_threads(threads);
+                rc = ac_bitmap_encode(src, n, 4, 0, bm2, at, &nnz2);
+                report(rc == AC_OK && nnz2 == nnz && memcmp(bm2, bm, ac_bitmap_nbytes(n)) == 0 &&
+                           memcmp(at, vals, nnz * 4) == 0 && at[-1] == 0,
+                       "first touch: encode into new pages from %zu floats before a stretch "
+                       "(premapped %d, %d threads, rc=%d)", leads[i], premapped, threads, rc);
+            }
+            free(bm2);
+            ac_free_pages(fresh, total + H);
+        }
     }
     free(vals);
     free(bm);
