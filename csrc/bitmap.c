@@ -42,8 +42,10 @@ int ac_set_bitmap_block_max(size_t nbytes) {
 }
 
 /* Inputs of at least this many bytes copy their compacted blocks out of scratch with
- * non-temporal stores (stream.h): the values are not read again until decode, so reading
- * each output line before writing it, as ordinary stores do, is wasted bandwidth.
+ * non-temporal stores (stream.h) into memory already mapped: the values are not read again
+ * until decode, so reading each output line before writing it, as ordinary stores do, is
+ * wasted bandwidth. (Newly mapped output is written just after the kernel zeroed it, with
+ * plain stores that find those lines in cache: encode_parallel.)
  * `python bench/tuning_pairs.py` (float32, 50% zeros, 2 threads, 41 paired rounds, medians of
  * streamed / ordinary per round, 2026-11-23): 64 MiB 0.88-0.90, 16 MiB 0.90-0.97; from 8 MiB
  * down, 0.90-1.01, no difference this machine can resolve. Below the threshold the values
