@@ -42,10 +42,10 @@ int ac_set_bitmap_block_max(size_t nbytes) {
 }
 
 /* Inputs of at least this many bytes copy their compacted blocks out of scratch with
- * non-temporal stores (stream.h) into memory already mapped: the values are not read again
- * until decode, so reading each output line before writing it, as ordinary stores do, is
- * wasted bandwidth. (Newly mapped output is written just after the kernel zeroed it, with
- * plain stores that find those lines in cache: encode_parallel.)
+ * non-temporal stores (stream.h): the values are not read again until decode, so reading
+ * each output line before writing it, as ordinary stores do, is wasted bandwidth. (Into
+ * newly mapped memory too: the pre-touch has zeroed those lines long before, and they are
+ * out of cache by then.)
  * `python bench/tuning_pairs.py` (float32, 50% zeros, 2 threads, 41 paired rounds, medians of
  * streamed / ordinary per round, 2026-11-23): 64 MiB 0.88-0.90, 16 MiB 0.90-0.97; from 8 MiB
  * down, 0.90-1.01, no difference this machine can resolve. Below the threshold the values
@@ -88,66 +88,65 @@ static size_t encode_serial(const ac_kernels *k, int idx, const unsigned char *s
 }
 
 #ifdef _OPENMP
-/* Newly mapped output, faulted in as the scan reaches it: values[0, faulted) is mapped, and
- * a writer needing more claims the next 2 MiB stretch (claimed), stores one byte at its end
- * (first_touch.h) and publishes it in order. No writer goes past `faulted`, so that byte is
- * nobody's yet; and no two threads fault one huge page (the kernel would zero it for both
- * and keep one). */
-typedef struct {
-    unsigned char *values;
-    size_t cap; /* bytes of values */
-    _Atomic size_t claimed, faulted;
-} fault_front;
+/* Output bytes certain enough to be written that touching them early cannot commit pages the
+ * encoding never uses: the sample's lower bound on the nonzero share. Lossless only: a prune
+ * threshold changes what counts as zero, so then nothing is expected and nothing touched. */
+static size_t expected_output(const void *src, size_t n, int esize, uint64_t prune_abs_bits) {
+    if (prune_abs_bits != 0) return 0;
+    return (size_t)(ac_nonzero_share_floor(src, n, esize, NULL) * (double)n) * (size_t)esize;
+}
 
-static void fault_to(fault_front *f, size_t upto) {
-    if (upto > f->cap) upto = f->cap;
-    unsigned spins = 0;
-    while (atomic_load_explicit(&f->faulted, memory_order_acquire) < upto) {
-        size_t c = atomic_load_explicit(&f->claimed, memory_order_relaxed);
-        if (c < upto) {
-            uintptr_t at = (uintptr_t)f->values + c;
-            size_t next = (size_t)((at / AC_STRETCH_BYTES + 1) * AC_STRETCH_BYTES - (uintptr_t)f->values);
-            if (next > f->cap) next = f->cap;
-            if (atomic_compare_exchange_weak(&f->claimed, &c, next)) {
-                ((volatile unsigned char *)f->values)[next - 1] = 0;
-                while (atomic_load_explicit(&f->faulted, memory_order_acquire) != c)
-                    if (++spins % 256 == 0) ac_yield();
-                atomic_store_explicit(&f->faulted, next, memory_order_release);
-            }
-            continue;
-        }
-        if (++spins % 256 == 0) ac_yield();
-    }
+/* Where thread t's share of the first `total` bytes of values starts: at the 2 MiB boundary
+ * nearest an even split, so that no two threads fault one huge page (the kernel would zero
+ * it for both and keep one). */
+static size_t share_start(const unsigned char *values, size_t total, size_t t, size_t team) {
+    if (t == 0) return 0;
+    if (t >= team) return total;
+    uintptr_t even = (uintptr_t)values + total / team * t;
+    uintptr_t at = (even + AC_STRETCH_BYTES / 2) / AC_STRETCH_BYTES * AC_STRETCH_BYTES;
+    size_t off = at < (uintptr_t)values ? 0 : (size_t)(at - (uintptr_t)values);
+    return off < total ? off : total;
 }
 
 /* Threaded encode in one pass over the input (a chained scan). Blocks go round-robin; a
- * block's output offset is the previous block's published end. When that is already known
- * (and, in newly mapped memory, its room faulted in), the block compacts straight into
- * values (its store slack lands in the next block's room, which the next block overwrites
- * only after this block publishes); otherwise it compacts into a scratch block, waits for
- * the offset, publishes, and copies out. Into newly mapped memory the copy-out faults the
- * stretches it reaches (fault_to) after publishing, so the kernel's zeroing holds up no other
- * block, and writes them while the zeroed lines are in cache. C, 64 MiB at 50% zeros, 2
- * threads, 41 rounds, against touching all of the expected output before the scan: newly
- * mapped 0.97 and 0.97, already mapped 0.98 and 0.95. */
+ * block's output offset is the previous block's published end. When that is already known,
+ * the block compacts straight into values (its store slack lands in the next block's room,
+ * which the next block overwrites only after this block publishes); otherwise it compacts
+ * into an L2-resident scratch block, waits for the offset, publishes, and copies out. */
 static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *src, size_t n,
                             size_t esize, uint64_t thr, uint8_t *bitmap, unsigned char *values,
                             unsigned char *scratch, size_t scratch_stride, size_t block,
-                            _Atomic size_t *ends, size_t nblocks, int threads, int stream) {
-    fault_front front = {values, n * esize, 0, 0};
-    int fresh = ac_page_unmapped(values);
-    if (fresh) stream = 0; /* the lines just zeroed are in cache: plain stores hit them */
+                            _Atomic size_t *ends, size_t nblocks, int threads,
+                            size_t expect_bytes, int stream) {
 #pragma omp parallel num_threads(threads)
     {
         size_t team = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
         unsigned char *mine = scratch + t * scratch_stride;
+        /* First touch: the scan writes the output in an order that alternates threads block
+         * by block, and two threads faulting in the same fresh (huge) page wait on each
+         * other. Touching one byte per page of the expected output, each thread its own
+         * contiguous share, faults the pages in the way a threaded copy does, each 2 MiB
+         * stretch at its end first (first_touch.h: 64 MiB, 6.4-6.5 -> 5.2-5.6 ms). Pages
+         * already mapped cost one cache miss each; bytes written here are overwritten or cut
+         * off. Faulting each stretch instead when a copy-out first reaches it (claimed in
+         * order, so no huge page is faulted twice, and written with plain stores while its
+         * zeroed lines are in cache) measured 0.97 of this time in interleaved rounds but
+         * 1.5-1.7x it in back-to-back calls, where the copy-outs queue on each other's
+         * faults (user time 9-10 against 5-6 ms a call): dropped. */
+        size_t first = share_start(values, expect_bytes, t, team);
+        size_t last = share_start(values, expect_bytes, t + 1, team);
+        uintptr_t next = 0;
+        for (size_t p = first; p < last; p += 4096) {
+            if ((uintptr_t)(values + p) >= next)
+                next = ac_touch_stretch_end(values + p, values + last);
+            ((volatile unsigned char *)values)[p] = 0;
+        }
+#pragma omp barrier
         for (size_t b = t; b < nblocks; b += team) {
             size_t start = b * block, len = n - start < block ? n - start : block;
             const unsigned char *in = src + start * esize;
             size_t off = b == 0 ? 0 : atomic_load_explicit(&ends[b - 1], memory_order_acquire);
-            if (off != NOT_READY && (n - off) * esize >= len * esize + AC_BITMAP_SLACK &&
-                (!fresh || atomic_load_explicit(&front.faulted, memory_order_acquire) >=
-                               (off + len) * esize + AC_BITMAP_SLACK)) {
+            if (off != NOT_READY && (n - off) * esize >= len * esize + AC_BITMAP_SLACK) {
                 size_t c = k->bm_encode[idx](in, len, bitmap + start / 8, values + off * esize, thr);
                 atomic_store_explicit(&ends[b], off + c, memory_order_release);
                 continue;
@@ -158,7 +157,6 @@ static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *s
                    (off = atomic_load_explicit(&ends[b - 1], memory_order_acquire)) == NOT_READY)
                 if (++spins % 256 == 0) ac_yield();
             atomic_store_explicit(&ends[b], off + c, memory_order_release);
-            if (fresh) fault_to(&front, (off + c) * esize);
             if (stream)
                 ac_stream_copy(values + off * esize, mine, c * esize);
             else
@@ -195,7 +193,9 @@ int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bi
         }
         for (size_t b = 0; b < nb; b++) atomic_init(&ends[b], NOT_READY);
         encode_parallel(k, idx, src, n, es, prune_abs_bits, bitmap, values, scratch, stride,
-                        eblock, ends, nb, threads, n * es >= atomic_load(&stream_from));
+                        eblock, ends, nb, threads,
+                        expected_output(src, n, esize, prune_abs_bits),
+                        n * es >= atomic_load(&stream_from));
         *nnz = atomic_load(&ends[nb - 1]);
         free((void *)ends);
         free(scratch);
