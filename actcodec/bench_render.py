@@ -90,9 +90,11 @@ def markdown(rep: Report, command: str = "python -m actcodec bench") -> str:
         "orientation only; quote the ratios. Floors, timed in the same rounds: `read` is one "
         "threaded pass that only reads the input (the C core's min/max), the least an encoder "
         "that looks at every element can take; `fill` a threaded memset of a new output of the "
-        "decoded size, allocated as our decode's is, the least a decoder can spend on writing "
-        "it. `fill / copy` is therefore the lowest `decode / copy` any decoder could show in "
-        "that row; in the fresh regime it is mostly the kernel's page faults.",
+        "decoded size, allocated as our decode's is and, into new pages, written as our "
+        "decoders write (each 2 MiB huge page faulted at its end first), the least a decoder "
+        "can spend on writing it. `fill / copy` is therefore the lowest `decode / copy` any "
+        "decoder could show in that row; in the fresh regime it is mostly the kernel's page "
+        "faults.",
     ]
     for codec in CODECS:
         rows = [r for r in rep.rows if r.codec == codec]
