@@ -137,8 +137,7 @@ static void encode_parallel(const ac_kernels *k, int idx, const unsigned char *s
         size_t last = share_start(values, expect_bytes, t + 1, team);
         uintptr_t next = 0;
         for (size_t p = first; p < last; p += 4096) {
-            if ((uintptr_t)(values + p) >= next)
-                next = ac_touch_stretch_end(values + p, values + last);
+            ac_first_touch(values + p, values + last, &next);
             ((volatile unsigned char *)values)[p] = 0;
         }
 #pragma omp barrier
@@ -251,21 +250,16 @@ int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size
     unsigned char *out = dst;
     /* Each thread its contiguous share of blocks, front to back (first_touch.h). */
 #ifdef _OPENMP
-#pragma omp parallel num_threads(threads) if (threads > 1)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
-    {
-        size_t team = 1, t = 0;
-#ifdef _OPENMP
-        team = (size_t)omp_get_num_threads();
-        t = (size_t)omp_get_thread_num();
-#endif
-        size_t lo = nblocks * t / team, hi = nblocks * (t + 1) / team;
+    for (int t = 0; t < threads; t++) {
+        size_t lo = nblocks * (size_t)t / (size_t)threads;
+        size_t hi = nblocks * (size_t)(t + 1) / (size_t)threads;
         unsigned char *end = out + (hi * block < n ? hi * block : n) * es;
         uintptr_t next = 0;
         for (size_t b = lo; b < hi; b++) {
             size_t start = b * block, len = n - start < block ? n - start : block;
-            if ((uintptr_t)(out + start * es) >= next)
-                next = ac_touch_stretch_end(out + start * es, end);
+            ac_first_touch(out + start * es, end, &next);
             k->bm_decode[idx](bitmap + start / 8, len, vals + first[b] * es,
                               first[b + 1] - first[b], out + start * es);
         }

@@ -31,6 +31,12 @@ static inline uintptr_t ac_touch_stretch_end(unsigned char *p, unsigned char *en
     return next;
 }
 
+/* A front-to-back writer of [.., end) calls this before writing at p, with *next 0 at its
+ * start: it touches the end of each stretch the first time the writer enters it. */
+static inline void ac_first_touch(unsigned char *p, unsigned char *end, uintptr_t *next) {
+    if ((uintptr_t)p >= *next) *next = ac_touch_stretch_end(p, end);
+}
+
 /* 1 if the page holding p has never been written (Linux: not resident), else 0; 0 where the
  * system cannot tell. pages.c. */
 int ac_page_unmapped(const void *p);

@@ -246,8 +246,7 @@ static void decode_range(const job *j, size_t a, size_t b, int out_dtype) {
     uintptr_t next = 0; /* first_touch.h */
     for (size_t ts = a; ts < b; ts += TILE) {
         size_t te = b - ts < TILE ? b : ts + TILE;
-        if ((uintptr_t)(dst + ts * oes) >= next)
-            next = ac_touch_stretch_end(dst + ts * oes, dst + b * oes);
+        ac_first_touch(dst + ts * oes, dst + b * oes, &next);
         size_t nt = te - ts, full = nt / per, rem = nt % per;
         const uint8_t *in = j->packed + ts / per * AC_QBLOCK_BYTES;
         const uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes; /* identity layout */

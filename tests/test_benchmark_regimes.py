@@ -2,8 +2,10 @@
 'fresh' row before the first 'reused' one and its copies fault there; a 'fresh' run after a
 'reused' one says it is not fresh; the copy, fill and read yardsticks do what they say."""
 import ctypes.util
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -98,6 +100,12 @@ def test_read_input_reads_the_whole_array(dtype):
     assert (lo, hi) == (0.0, 3.0)
 
 
+def _table_rows(stdout: str) -> dict:
+    """A printed markdown table: first cell -> the line split on ' | '."""
+    return {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in stdout.splitlines() if line.startswith("| ") and "---" not in line}
+
+
 @glibc_linux
 def test_fresh_split_script_reports_every_call_and_the_copy_faults():
     """bench/fresh_split.py, run as a user would, in a clean process: one row per call, and
@@ -106,8 +114,7 @@ def test_fresh_split_script_reports_every_call_and_the_copy_faults():
     out = subprocess.run([sys.executable, script, "--mib", "34", "--rounds", "2"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
-            for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = _table_rows(out.stdout)
     for call in ("copy", "fill (memset)", "bitmap decode, 50% zeros", "bitmap encode, 50% zeros",
                  "quant decode, 2-bit", "quant encode, 2-bit"):
         assert call in rows, out.stdout
@@ -118,12 +125,9 @@ def test_fresh_split_script_reports_every_call_and_the_copy_faults():
 def test_first_touch_program_builds_from_the_c_core_alone_and_checks_its_bytes(tmp_path):
     """bench/first_touch.c, built as its header says (the C core and no Python) and run small:
     a row per way of writing, the copy as the unit, and its copies and decode verified."""
-    import shutil
-    import sysconfig
-
     cc = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) or shutil.which("cc")
     if cc is None:
-        pytest.skip("no C compiler")
+        pytest.skip("no C compiler (actcodec installed from a wheel): nothing to build with")
     root = Path(__file__).resolve().parents[1]
     exe = tmp_path / "first_touch"
     sources = sorted(str(p) for p in (root / "csrc").glob("*.c"))
@@ -135,8 +139,7 @@ def test_first_touch_program_builds_from_the_c_core_alone_and_checks_its_bytes(t
         assert res.returncode == 0, res.stderr
     out = subprocess.run([str(exe), "8", "2"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
-            for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = _table_rows(out.stdout)
     assert len(rows) == 10, out.stdout  # the header and nine ways of writing
     assert rows["ac_parallel_copy (the copy yardstick)"][2].strip(" |") == "1.00"
     assert all(float(r[1]) > 0 for name, r in rows.items() if name != "write"), out.stdout

@@ -501,6 +501,12 @@ static void yardstick_tests(void) {
     }
 }
 
+/* The first 2 MiB boundary at or after p. */
+static unsigned char *stretch_at_or_after(unsigned char *p) {
+    return (unsigned char *)(((uintptr_t)p + AC_STRETCH_BYTES - 1) / AC_STRETCH_BYTES *
+                             AC_STRETCH_BYTES);
+}
+
 /* first_touch.h: the store lands on the last byte of p's 2 MiB stretch before end, or
  * nowhere when that is before p; nothing else changes. Then a fill and a decode into newly
  * mapped memory, starting just before and after a stretch boundary (the first-touch paths):
@@ -509,7 +515,7 @@ static void first_touch_tests(void) {
     const size_t H = AC_STRETCH_BYTES, total = 3 * H;
     unsigned char *buf = ac_alloc_pages(total); /* 2 MiB aligned on Linux */
     if (buf == NULL) { report(0, "ac_alloc_pages(%zu) for first-touch tests", total); return; }
-    unsigned char *base = (unsigned char *)(((uintptr_t)buf + H - 1) / H * H);
+    unsigned char *base = stretch_at_or_after(buf);
     if (base + H + H / 2 > buf + total) base -= H; /* room for the cases below either way */
     static const long starts[] = {0, 1, -1, 4095, (long)(AC_STRETCH_BYTES / 2)};
     static const long ends[] = {1, 2, 4096, (long)AC_STRETCH_BYTES - 1, (long)AC_STRETCH_BYTES,
@@ -546,7 +552,7 @@ static void first_touch_tests(void) {
     for (size_t i = 0; i < sizeof leads / sizeof leads[0]; i++) {
         unsigned char *fresh = ac_alloc_pages(total + H);
         if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch fill"); continue; }
-        unsigned char *at = (unsigned char *)(((uintptr_t)fresh + H - 1) / H * H) + H - leads[i];
+        unsigned char *at = stretch_at_or_after(fresh) + H - leads[i];
 #if defined(__linux__)
         report(ac_page_unmapped(at), "first touch: a new page reads as unmapped");
 #endif
@@ -560,18 +566,18 @@ static void first_touch_tests(void) {
         ac_free_pages(fresh, total + H);
         fresh = ac_alloc_pages(total + H);
         if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch decode"); continue; }
-        at = (unsigned char *)(((uintptr_t)fresh + H - 1) / H * H) + H - leads[i] * 4;
+        at = stretch_at_or_after(fresh) + H - leads[i] * 4;
         int rc = ac_bitmap_decode(bm, vals, nnz, n, 4, at);
         report(rc == AC_OK && memcmp(at, src, n * 4) == 0 && at[-1] == 0 && at[n * 4] == 0,
                "first touch: bitmap decode from %zu floats before a stretch (rc=%d)", leads[i],
                rc);
         ac_free_pages(fresh, total + H);
-        /* Encode into new pages (the values faulted in as the scan reaches them), once with
+        /* Encode into new pages (the values pre-touched, each stretch at its end), once with
          * a page in the middle already written: the same bytes as into malloc'd memory. */
         for (int premapped = 0; premapped < 2; premapped++) {
             fresh = ac_alloc_pages(total + H);
             if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch encode"); continue; }
-            at = (unsigned char *)(((uintptr_t)fresh + H - 1) / H * H) + H - leads[i] * 4;
+            at = stretch_at_or_after(fresh) + H - leads[i] * 4;
             if (premapped) at[H + 12345] = 0x77;
             uint8_t *bm2 = xmalloc(ac_bitmap_nbytes(n));
             size_t nnz2 = 0;
