@@ -10,7 +10,6 @@ import sys
 import tempfile
 from glob import glob
 
-import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -56,8 +55,7 @@ extensions = [
     Extension(
         "actcodec._ext",
         sources=["actcodec/_ext.pyx"] + C_SOURCES,
-        include_dirs=["csrc", numpy.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        include_dirs=["csrc"],
     )
 ]
 

@@ -1,7 +1,8 @@
 """Element types the codecs accept, and their wire ids.
 
-bfloat16 has no numpy dtype of its own: it is accepted as an ``ml_dtypes.bfloat16`` array, or as
-a uint16 array of bit patterns tagged with ``dtype="bfloat16"``. Decoding gives an
+The float types go through every codec; bool only through raw and mask. bfloat16 has no
+numpy dtype of its own: it is accepted as an ``ml_dtypes.bfloat16`` array, or as a uint16
+array of bit patterns tagged with ``dtype="bfloat16"``. Decoding gives an
 ``ml_dtypes.bfloat16`` array when ml_dtypes is installed, else the uint16 bit patterns.
 """
 from __future__ import annotations
@@ -23,10 +24,13 @@ DTYPES = {
     "bfloat16": (2, 2, np.dtype(np.uint16)),
     "float32": (3, 4, np.dtype(np.float32)),
     "float64": (4, 8, np.dtype(np.float64)),
+    "bool": (5, 1, np.dtype(np.bool_)),
 }
+FLOATS = ("float16", "bfloat16", "float32", "float64")
 DTYPE_BY_ID = {wire: name for name, (wire, _, _) in DTYPES.items()}
 # numpy dtype -> name, for the lookups every encode and decode makes (dtype.name is slow)
 _NAME_OF = {np.dtype(t): t.__name__ for t in (np.float16, np.float32, np.float64)}
+_NAME_OF[np.dtype(np.bool_)] = "bool"
 if _BF16 is not None:
     _NAME_OF[_BF16] = "bfloat16"
 
@@ -48,7 +52,7 @@ def dtype_name(arr: np.ndarray, tag: str | None = None) -> str:
         return dt.name
     raise TypeError(
         f"unsupported dtype {dt}; actcodec encodes float16, bfloat16 (ml_dtypes, or uint16 "
-        f"with dtype='bfloat16'), float32 and float64"
+        f"with dtype='bfloat16'), float32, float64 and (raw, mask) bool"
     )
 
 
@@ -79,6 +83,12 @@ def bits_view(arr: np.ndarray) -> np.ndarray:
     """Flat, C-contiguous unsigned-integer view of the element bits (copies only if strided)."""
     flat = np.ascontiguousarray(arr).reshape(-1)
     return flat.view(np.dtype(f"u{arr.dtype.itemsize}"))
+
+
+def require(name: str, allowed: tuple, codec: str) -> None:
+    """A TypeError when codec `codec` does not take elements of type `name`."""
+    if name not in allowed:
+        raise TypeError(f"the {codec} codec encodes {', '.join(allowed)}, not {name}")
 
 
 def prune_abs_bits(threshold: float, name: str) -> int:

@@ -1,13 +1,9 @@
 # cython: boundscheck=False, wraparound=False
-# The one extension module: a single copy of the C core, so the ISA choice and the thread
-# count are shared by every codec. Each codec's bindings live in their own .pxi file.
-import numpy as np
-cimport numpy as cnp
-
-cnp.import_array()
+# The one extension module over the C core; each codec's bindings live in their own .pxi.
+# Every binding takes the call's settings (threads, isa, bittrick; 0 / -1 for the process
+# defaults) and changes no process-wide state.
 
 include "_capi.pxi"
 include "_runtime.pxi"
 include "_bitmap.pxi"
 include "_quant.pxi"
-include "_pages.pxi"

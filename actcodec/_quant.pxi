@@ -1,5 +1,5 @@
-# Bindings for dynamic k-bit quantization (csrc/quant*.c). Buffers are flat byte views;
-# parameter and shape checks live in actcodec/quant.py.
+# Bindings for dynamic k-bit quantization (csrc/quant*.c). Buffers are flat byte views the
+# caller allocates; parameter and shape checks live in actcodec/quant.py.
 from libc.stdint cimport SIZE_MAX
 
 
@@ -22,77 +22,76 @@ def quant_ngroups(size_t n, size_t group):
     return ac_quant_ngroups(n, group)
 
 
+cdef int _quant_sizes(size_t n, int bits, size_t group, const uint8_t[::1] packed,
+                      const float[::1] mins, const float[::1] scales, str what) except -1:
+    cdef size_t ng = ac_quant_ngroups(n, group)
+    if <size_t>packed.shape[0] != ac_quant_packed_nbytes(n, bits):
+        raise ValueError(f"{what}: packed codes have {packed.shape[0]} bytes, "
+                         f"{ac_quant_packed_nbytes(n, bits)} expected")
+    if <size_t>mins.shape[0] != ng or <size_t>scales.shape[0] != ng:
+        raise ValueError(f"{what}: {ng} groups need {ng} mins and scales, got {mins.shape[0]} "
+                         f"and {scales.shape[0]}")
+    return 0
+
+
 def quant_encode(const uint8_t[::1] src, int dtype_id, int esize, int bits, size_t group,
-                 int rounding, uint64_t seed):
-    """Returns (packed uint8, mins float32, scales float32)."""
-    if src.shape[0] % esize:
+                 int rounding, uint64_t seed, uint8_t[::1] packed, float[::1] mins,
+                 float[::1] scales, int threads=0, int isa=-1, int bittrick=-1):
+    """Quantize into `packed`, `mins` and `scales`, sized exactly for the input."""
+    if esize not in (2, 4, 8) or src.shape[0] % esize:
         raise ValueError("quant_encode: buffer is not a whole number of elements")
     cdef size_t n = src.shape[0] // esize
-    cdef size_t ng = ac_quant_ngroups(n, group)
-    cdef cnp.ndarray packed = np.empty(ac_quant_packed_nbytes(n, bits), np.uint8)
-    cdef cnp.ndarray mins = np.empty(ng, np.float32)
-    cdef cnp.ndarray scales = np.empty(ng, np.float32)
+    _quant_sizes(n, bits, group, packed, mins, scales, "quant_encode")
     cdef const uint8_t *s = _cptr(src)
-    cdef uint8_t *p = <uint8_t *>cnp.PyArray_DATA(packed)
-    cdef float *mn = <float *>cnp.PyArray_DATA(mins)
-    cdef float *sc = <float *>cnp.PyArray_DATA(scales)
+    cdef uint8_t *p = _wptr(packed)
+    cdef float *mn = NULL if mins.shape[0] == 0 else &mins[0]
+    cdef float *sc = NULL if scales.shape[0] == 0 else &scales[0]
     cdef size_t bad = SIZE_MAX
     cdef int status
+    cdef ac_options o = _opts(threads, isa, bittrick)
     with nogil:
-        status = ac_quant_encode(s, n, dtype_id, bits, group, rounding, seed, p, mn, sc, &bad)
+        status = ac_quant_encode(s, n, dtype_id, bits, group, rounding, seed, p, mn, sc, &bad,
+                                 &o)
     if status == AC_ENONFINITE:
         raise NonFiniteError(bad)
     _check(status, "quant encode")
-    return packed, mins, scales
 
 
 def quant_decode(const uint8_t[::1] packed, const float[::1] mins, const float[::1] scales,
-                 int bits, size_t group, int out_dtype_id, int out_esize, uint8_t[::1] out):
+                 int bits, size_t group, int out_dtype_id, int out_esize, uint8_t[::1] out,
+                 int threads=0, int isa=-1, int bittrick=-1):
     """Decode into `out`, a flat writable byte view of n * out_esize bytes."""
-    if out.shape[0] % out_esize:
+    if out_esize not in (2, 4, 8) or out.shape[0] % out_esize:
         raise ValueError("quant_decode: output is not a whole number of elements")
     cdef size_t n = out.shape[0] // out_esize
-    cdef size_t ng = ac_quant_ngroups(n, group)
-    if <size_t>packed.shape[0] != ac_quant_packed_nbytes(n, bits):
-        raise ValueError(f"packed codes have {packed.shape[0]} bytes, "
-                         f"{ac_quant_packed_nbytes(n, bits)} expected")
-    if <size_t>mins.shape[0] != ng or <size_t>scales.shape[0] != ng:
-        raise ValueError(f"{ng} groups need {ng} mins and scales, got {mins.shape[0]} "
-                         f"and {scales.shape[0]}")
+    _quant_sizes(n, bits, group, packed, mins, scales, "quant_decode")
     cdef const uint8_t *p = _cptr(packed)
-    cdef const float *mn = NULL if ng == 0 else &mins[0]
-    cdef const float *sc = NULL if ng == 0 else &scales[0]
-    cdef uint8_t *o = _wptr(out)
+    cdef const float *mn = NULL if mins.shape[0] == 0 else &mins[0]
+    cdef const float *sc = NULL if scales.shape[0] == 0 else &scales[0]
+    cdef uint8_t *d = _wptr(out)
     cdef int status
+    cdef ac_options o = _opts(threads, isa, bittrick)
     with nogil:
-        status = ac_quant_decode(p, mn, sc, n, bits, group, out_dtype_id, o)
+        status = ac_quant_decode(p, mn, sc, n, bits, group, out_dtype_id, d, &o)
     _check(status, "quant decode")
 
 
-def minmax(const uint8_t[::1] src, int dtype_id, int esize):
-    """(min, max) as float32 values over the configured threads; NonFiniteError on NaN/inf."""
-    if src.shape[0] == 0 or src.shape[0] % esize:
+def minmax(const uint8_t[::1] src, int dtype_id, int esize, int threads=0, int isa=-1):
+    """(min, max) as float32 values; NonFiniteError on NaN/inf."""
+    if src.shape[0] == 0 or esize not in (2, 4, 8) or src.shape[0] % esize:
         raise ValueError("minmax needs a non-empty buffer of whole elements")
     cdef size_t n = src.shape[0] // esize
     cdef float mn = 0, mx = 0
     cdef size_t bad = SIZE_MAX
     cdef const uint8_t *s = _cptr(src)
     cdef int status
+    cdef ac_options o = _opts(threads, isa, -1)
     with nogil:
-        status = ac_minmax(s, n, dtype_id, &mn, &mx, &bad)
+        status = ac_minmax(s, n, dtype_id, &mn, &mx, &bad, &o)
     if status == AC_ENONFINITE:
         raise NonFiniteError(bad)
     _check(status, "minmax")
     return mn, mx
-
-
-def get_bittrick():
-    return ac_get_bittrick() != 0
-
-
-def set_bittrick(on):
-    """True: DAF's bit trick; False: casts; None: the measured default of the active path."""
-    ac_set_bittrick(-1 if on is None else (1 if on else 0))
 
 
 def uniform(uint64_t seed, uint64_t index):

@@ -7,7 +7,6 @@ optional prune threshold (off by default, lossy) stores |x| < threshold as +0.0.
 
 Buffers: [bitmap, values]. Bit i of the bitmap is bit (i % 8) of byte i // 8 (LSB first, as
 ``np.packbits(..., bitorder="little")``); padding bits after the last element are zero.
-Non-contiguous input is copied once into a contiguous buffer before encoding.
 """
 from __future__ import annotations
 
@@ -16,9 +15,11 @@ import sys
 
 import numpy as np
 
-from . import _dtypes, _ext, _outputs, container
+from . import _dtypes, _ext, container
 
 CODEC_ID = 2
+DTYPES = _dtypes.FLOATS
+DECODES_TO_FLOAT32 = False
 PARAMS = struct.Struct("<d")  # prune threshold (0.0 = lossless)
 
 
@@ -33,46 +34,50 @@ def params_from_tuple(values: tuple) -> dict:
     return {"prune": prune}
 
 
-def encode(x, *, prune: float = 0.0, dtype: str | None = None) -> container.Encoded:
-    """Encode a float16/bfloat16/float32/float64 array. `prune` > 0 stores |x| < prune as zero
-    (lossy). `dtype="bfloat16"` tags uint16 input as bfloat16 bit patterns."""
-    arr = np.asarray(x)
-    name = _dtypes.dtype_name(arr, dtype)
-    thr = _dtypes.prune_abs_bits(prune, name)
-    bits = _dtypes.bits_view(arr)
-    bitmap, values = _ext.bitmap_encode(bits.view(np.uint8), bits.itemsize, thr,
-                                        _outputs.own_mapping(bits.nbytes))
-    return container.Encoded("bitmap", name, tuple(arr.shape), {"prune": float(prune)},
-                             (bitmap, values))
+def encode(x, *, prune: float = 0.0, dtype: str | None = None, threads: int | None = None,
+           simd: str | None = None) -> container.Encoded:
+    """Encode a float16/bfloat16/float32/float64 array or tensor. `prune` > 0 stores
+    |x| < prune as zero (lossy). `dtype="bfloat16"` tags uint16 input as bfloat16 bits."""
+    from . import choice
+
+    return choice.encode(x, "bitmap", prune=prune, dtype=dtype, threads=threads, simd=simd)
 
 
-def decode(enc: container.Encoded, out: np.ndarray | None = None) -> np.ndarray:
+def decode(enc: container.Encoded, out=None, **options):
     """Decode a bitmap encoding into a new array or into `out`."""
     if enc.codec != "bitmap":
         raise ValueError(f"not a bitmap encoding: codec {enc.codec!r}")
-    return enc.decode(out)
+    return enc.decode(out, **options)
 
 
-def validate(enc: container.Encoded) -> None:
-    """Check an encoding parsed from bytes before anything decodes it."""
+def encode_flat(bits: np.ndarray, thr: int, opts: dict, alloc) -> tuple:
+    """(bitmap, values, nnz) of a flat bit view (C path). The values buffer is allocated for
+    every element and cut to the nonzero ones: pages never written are never committed."""
+    n, esize = bits.size, bits.itemsize
+    bitmap = alloc((n + 7) // 8)
+    values = alloc(n * esize)
+    nnz = _ext.bitmap_encode(bits.view(np.uint8), esize, thr, bitmap, values, **opts)
+    return bitmap, alloc.shrink(values, nnz * esize), nnz
+
+
+def validate(enc: container.Encoded) -> int:
+    """Check an encoding parsed from bytes before anything decodes it; its nonzero count."""
     container.expect_buffers(enc, 2)
     bitmap, values = enc.buffers
     n, esize = enc.size, _dtypes.itemsize(enc.dtype)
-    if bitmap.nbytes != (n + 7) // 8:
-        raise ValueError(f"bitmap has {bitmap.nbytes} bytes, {(n + 7) // 8} expected for "
-                         f"{n} elements")
     if values.nbytes % esize or values.nbytes // esize > n:
         raise ValueError(f"values buffer of {values.nbytes} bytes does not hold at most {n} "
                          f"{enc.dtype} elements")
-    nnz = _ext.bitmap_count(bitmap, n)
+    nnz = container.bitmap_nnz(enc, bitmap)
     if nnz * esize != values.nbytes:
         raise ValueError(f"bitmap marks {nnz} nonzero elements but the values buffer holds "
                          f"{values.nbytes // esize}")
+    return nnz
 
 
-def decode_into(enc: container.Encoded, out_bytes: np.ndarray, out_name: str) -> None:
-    bitmap, values = enc.buffers
-    _ext.bitmap_decode(bitmap, values, _dtypes.itemsize(enc.dtype), out_bytes)
+def decode_into(enc, buffers, out_bytes: np.ndarray, target: str, opts: dict) -> None:
+    bitmap, values = buffers
+    _ext.bitmap_decode(bitmap, values, _dtypes.itemsize(enc.dtype), out_bytes, **opts)
 
 
 container.register("bitmap", sys.modules[__name__])

@@ -1,23 +1,37 @@
-"""Codec objects in the numcodecs style: ``encode`` returns the container bytes, ``decode``
-restores the array, and ``get_config``/``from_config`` round-trip the settings."""
+"""Codec objects in the numcodecs style (``encode`` returns the container bytes, ``decode``
+restores the array, ``get_config``/``from_config`` round-trip the settings), registered under
+numcodecs' entry-point group, so ``numcodecs.get_codec({"id": "actcodec.bitmap"})`` finds them
+and zarr can use them. numcodecs itself is optional: these classes need only numpy."""
 from __future__ import annotations
 
 import numpy as np
 
-from . import auto, bitmap, bitmap_quant, container, quant, raw
+from . import _dtypes, choice, container, quant
 
 
 class Codec:
     codec_id = "actcodec"
+    codec_name: str | None = None
 
     def encode(self, buf) -> bytes:
-        return self._encode(buf).to_bytes()
+        return self._encode(np.asarray(buf)).to_bytes()
 
     def decode(self, buf, out=None) -> np.ndarray:
         enc = container.from_bytes(buf)
         if self.codec_name is not None and enc.codec != self.codec_name:
             raise ValueError(f"{type(self).__name__} cannot decode a {enc.codec!r} encoding")
-        return enc.decode(out)
+        if out is None:
+            return enc.decode()
+        # numcodecs hands a buffer of the right size, not always of the right shape or dtype
+        target = np.asarray(out)
+        if not target.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        raw_bytes = target.reshape(-1).view(np.uint8)
+        if raw_bytes.nbytes != enc.original_nbytes:
+            raise ValueError(f"out holds {raw_bytes.nbytes} bytes, the encoding decodes to "
+                             f"{enc.original_nbytes}")
+        enc.decode(out=raw_bytes.view(_dtypes.numpy_dtype(enc.dtype)).reshape(enc.shape))
+        return out
 
     def get_config(self) -> dict:
         return {"id": self.codec_id, **self._config()}
@@ -45,11 +59,13 @@ class Bitmap(Codec):
     codec_name = "bitmap"
 
     def __init__(self, prune: float = 0.0):
+        from . import bitmap
+
         bitmap.params_from_tuple((float(prune),))  # validates
         self.prune = float(prune)
 
     def _encode(self, buf):
-        return bitmap.encode(buf, prune=self.prune)
+        return choice.encode(buf, "bitmap", prune=self.prune)
 
     def _config(self):
         return {"prune": self.prune}
@@ -62,7 +78,20 @@ class Raw(Codec):
     codec_name = "raw"
 
     def _encode(self, buf):
-        return raw.encode(buf)
+        return choice.encode(buf, "raw")
+
+    def _config(self):
+        return {}
+
+
+class Mask(Codec):
+    """A mask (bool, or floats whose nonzero elements are one value) at 1 bit per element."""
+
+    codec_id = "actcodec.mask"
+    codec_name = "mask"
+
+    def _encode(self, buf):
+        return choice.encode(buf, "mask")
 
     def _config(self):
         return {}
@@ -75,6 +104,9 @@ class _Quantized(Codec):
                  seed: int = 0, nonfinite: str = "raise"):
         self._p = quant.check_params(bits, group_size, rounding, nonfinite, seed)
 
+    def _encode(self, buf):
+        return choice.encode(buf, self.codec_name, **self._p)
+
     def _config(self):
         return dict(self._p)
 
@@ -85,18 +117,12 @@ class Quant(_Quantized):
     codec_id = "actcodec.quant"
     codec_name = "quant"
 
-    def _encode(self, buf):
-        return quant.encode(buf, **self._p)
-
 
 class BitmapQuant(_Quantized):
     """Bitmap of the nonzeros (exact zeros) + k-bit quantization of the nonzero values."""
 
     codec_id = "actcodec.bitmap_quant"
     codec_name = "bitmap_quant"
-
-    def _encode(self, buf):
-        return bitmap_quant.encode(buf, **self._p)
 
 
 class Auto(Codec):
@@ -112,7 +138,7 @@ class Auto(Codec):
         self._p = {"bits": bits, "group_size": group_size, "rounding": rounding, "seed": seed}
 
     def _encode(self, buf):
-        return auto.encode(buf, "auto", **self._p)
+        return choice.encode(buf, "auto", **self._p)
 
     def _config(self):
         return dict(self._p)

@@ -1,8 +1,10 @@
 """The container: an encoded array and its versioned, checksummed byte format.
 
-An `Encoded` knows its codec, parameters, dtype, shape and payload buffers. `to_bytes()` writes
-the format described in docs/FORMAT.md; `from_bytes()` parses it without trusting a single
-byte: every length, id and parameter is checked, and anything wrong raises ValueError.
+An `Encoded` knows its codec, parameters, dtype, shape and payload buffers (1-D uint8 numpy
+arrays, or uint8 torch tensors on one device). `decode()` gives back a numpy array for
+numpy buffers and a tensor on the buffers' device for torch ones. `to_bytes()` writes the
+format described in docs/FORMAT.md; `from_bytes()` parses it without trusting a single byte:
+every length, id and parameter is checked, and anything wrong raises ValueError.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from math import prod
 
 import numpy as np
 
-from . import _dtypes, _ext, _outputs
+from . import _arrays, _dtypes, _ext, _options
 
 MAGIC = b"ACTC"
 FORMAT_VERSION = 1
@@ -22,9 +24,9 @@ MAX_PARAMS = 4096
 _FIXED = struct.Struct("<4sBBBBBxxxI")  # magic, version, codec, dtype, ndim, nbuffers, params len
 _U64 = struct.Struct("<Q")
 
-# codec name -> module with CODEC_ID, PARAMS (struct.Struct), params_to_tuple/from_tuple,
-# validate(encoded) and decode_into(encoded, out_bytes, out_dtype_name), and optionally
-# DECODES_TO_FLOAT32. Filled by the codec modules.
+# codec name -> module with CODEC_ID, DTYPES, PARAMS (struct.Struct), params_to_tuple/
+# from_tuple, validate(encoded) and decode_into(encoded, buffers, out_bytes, out_dtype_name,
+# options), and DECODES_TO_FLOAT32. Filled by the codec modules.
 CODECS: dict = {}
 
 
@@ -42,13 +44,16 @@ def _codec_by_id(codec_id: int):
 
 @dataclass(frozen=True, eq=False)
 class Encoded:
-    """An encoded array. `nbytes` is the exact size of the payload buffers it holds."""
+    """An encoded array. `nbytes` is the exact size of the payload buffers it holds. `nnz`,
+    for the bitmap codecs, is the number of nonzero elements (counted once, when encoded or
+    parsed)."""
 
     codec: str
     dtype: str
     shape: tuple
     params: dict
     buffers: tuple = field(repr=False)
+    nnz: int | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
@@ -56,7 +61,7 @@ class Encoded:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
+        return sum(_arrays.nbytes(b) for b in self.buffers)
 
     @property
     def original_nbytes(self) -> int:
@@ -67,38 +72,86 @@ class Encoded:
         """original bytes / payload bytes (inf for an empty payload)."""
         return self.original_nbytes / self.nbytes if self.nbytes else float("inf")
 
-    def decode(self, out: np.ndarray | None = None, dtype: str | None = None) -> np.ndarray:
-        """Decode into a new array, or into `out` (C-contiguous, same shape). `dtype` is the
-        encoded dtype (default) or, for quantized codecs, "float32"."""
+    @property
+    def is_torch(self) -> bool:
+        return bool(self.buffers) and _arrays.is_tensor(self.buffers[0])
+
+    @property
+    def device(self):
+        """The buffers' torch device, or "numpy"."""
+        return self.buffers[0].device if self.is_torch else "numpy"
+
+    def decode_dtype(self, dtype=None) -> str:
+        """The dtype name a decode gives: the encoded dtype, or float32 where allowed."""
         target = self.dtype if dtype is None else _dtypes.canonical_name(dtype)
-        to_f32 = getattr(CODECS[self.codec], "DECODES_TO_FLOAT32", False)
+        to_f32 = CODECS[self.codec].DECODES_TO_FLOAT32
         if target != self.dtype and not (target == "float32" and to_f32):
             allowed = self.dtype + (" or float32" if to_f32 else "")
             raise ValueError(f"a {self.codec} encoding of {self.dtype} decodes to {allowed}, "
                              f"not {target}")
+        return target
+
+    def decode(self, out=None, dtype=None, *, threads: int | None = None,
+               simd: str | None = None):
+        """Decode into a new array, or into `out` (C-contiguous, this shape and dtype). numpy
+        buffers give a numpy array; torch buffers a tensor on their device (see
+        actcodec.torch). `dtype` is the encoded dtype (default) or, for quantized codecs,
+        "float32". threads and simd: this call's settings (None: the defaults)."""
+        if self.is_torch:
+            from .torch import tensors
+
+            return tensors.decode(self, out, dtype, threads=threads, simd=simd)
+        target = self.decode_dtype(dtype)
+        opts = _options.resolve(threads, simd)
         if out is None:
-            out = _outputs.empty(self.shape, _dtypes.numpy_dtype(target))
+            out = np.empty(self.shape, _dtypes.numpy_dtype(target))
         else:
-            _check_out(out, self.shape, target)
-        CODECS[self.codec].decode_into(self, out.reshape(-1).view(np.uint8), target)
+            check_out(out, self.shape, target)
+        self.decode_into(out.reshape(-1).view(np.uint8), target, opts)
         return out
+
+    def decode_into(self, out_bytes: np.ndarray, target: str, opts: dict) -> None:
+        """The C path: decode into a flat uint8 view of host memory (checked by the caller),
+        from buffers on the host."""
+        buffers = tuple(_arrays.host_bytes(b) for b in self.buffers)
+        CODECS[self.codec].decode_into(self, buffers, out_bytes, target, opts)
+
+    def numpy(self) -> "Encoded":
+        """The same encoding over numpy buffers (host copies of device buffers; CPU tensors
+        are viewed, not copied)."""
+        if not self.is_torch:
+            return self
+        return _replace(self, tuple(_arrays.to_numpy(b) for b in self.buffers))
+
+    def to(self, device="cpu") -> "Encoded":
+        """The same encoding over uint8 torch tensors on `device` (numpy buffers are viewed
+        on the CPU, copied elsewhere)."""
+        import torch
+
+        bufs = tuple(b if _arrays.is_tensor(b) else torch.from_numpy(b) for b in self.buffers)
+        return _replace(self, tuple(b.to(device) for b in bufs))
 
     def to_bytes(self) -> bytes:
         mod = CODECS[self.codec]
+        bufs = [_arrays.to_numpy(b) for b in self.buffers]
         params = mod.PARAMS.pack(*mod.params_to_tuple(self.params))
         header = bytearray(_FIXED.pack(MAGIC, FORMAT_VERSION, mod.CODEC_ID,
                                        _dtypes.DTYPES[self.dtype][0], len(self.shape),
-                                       len(self.buffers), len(params)))
+                                       len(bufs), len(params)))
         for dim in self.shape:
             header += _U64.pack(dim)
         header += params
-        for buf in self.buffers:
+        for buf in bufs:
             header += struct.pack("<QQ", buf.nbytes, _ext.checksum64(buf))
         header += _U64.pack(_ext.checksum64(bytes(header)))
-        return b"".join([bytes(header), *(b.data for b in self.buffers)])
+        return b"".join([bytes(header), *(b.data for b in bufs)])
 
 
-def _check_out(out, shape, dtype_name) -> None:
+def _replace(enc: Encoded, buffers: tuple) -> Encoded:
+    return Encoded(enc.codec, enc.dtype, enc.shape, enc.params, buffers, enc.nnz)
+
+
+def check_out(out, shape, dtype_name) -> None:
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
     want = _dtypes.numpy_dtype(dtype_name)
@@ -147,6 +200,8 @@ def from_bytes(data) -> Encoded:
     if dtype_id not in _dtypes.DTYPE_BY_ID:
         raise ValueError(f"unknown dtype id {dtype_id}")
     dtype = _dtypes.DTYPE_BY_ID[dtype_id]
+    if dtype not in mod.DTYPES:
+        raise ValueError(f"the {codec} codec does not encode {dtype}")
     pos = _FIXED.size
     shape = struct.unpack_from(f"<{ndim}Q", view, pos)
     pos += 8 * ndim
@@ -171,10 +226,34 @@ def from_bytes(data) -> Encoded:
         buffers.append(buf)
         pos += n
     enc = Encoded(codec, dtype, tuple(int(d) for d in shape), params, tuple(buffers))
-    mod.validate(enc)
-    return enc
+    return Encoded(codec, dtype, enc.shape, params, enc.buffers, mod.validate(enc))
+
+
+def validate(enc: Encoded) -> Encoded:
+    """Check an encoding from an untrusted source (any buffers) as `from_bytes` does; returns
+    it with its nonzero count."""
+    if enc.codec not in CODECS:
+        raise ValueError(f"unknown codec {enc.codec!r}")
+    mod = CODECS[enc.codec]
+    if enc.dtype not in mod.DTYPES:
+        raise ValueError(f"the {enc.codec} codec does not encode {enc.dtype}")
+    host = Encoded(enc.codec, enc.dtype, tuple(enc.shape), enc.params, enc.numpy().buffers)
+    return Encoded(enc.codec, enc.dtype, tuple(enc.shape), enc.params, enc.buffers,
+                   mod.validate(host))
 
 
 def expect_buffers(enc: Encoded, count: int) -> None:
     if len(enc.buffers) != count:
         raise ValueError(f"{enc.codec} encoding needs {count} buffers, has {len(enc.buffers)}")
+
+
+def bitmap_nnz(enc: Encoded, bitmap) -> int:
+    """The nonzero count of a bitmap codec's encoding: known, or counted once (and checked:
+    padding bits zero, the bitmap's size)."""
+    if enc.nnz is not None:
+        return enc.nnz
+    n = enc.size
+    if _arrays.nbytes(bitmap) != (n + 7) // 8:
+        raise ValueError(f"bitmap has {_arrays.nbytes(bitmap)} bytes, {(n + 7) // 8} expected "
+                         f"for {n} elements")
+    return _ext.bitmap_count(_arrays.to_numpy(bitmap), n)

@@ -27,6 +27,7 @@ import numpy as np
 from . import _dtypes, _ext, container
 
 CODEC_ID = 3
+DTYPES = _dtypes.FLOATS
 DECODES_TO_FLOAT32 = True
 # bits, rounding (0 nearest, 1 stochastic), nonfinite (0 raise, 1 keep), pad, group (0 = per
 # tensor), seed
@@ -102,8 +103,9 @@ def _nonfinite_mask(bits: np.ndarray, name: str) -> np.ndarray:
     return mask
 
 
-def quantize_flat(bits: np.ndarray, name: str, p: dict) -> list:
-    """Quantize a flat uint view of `name` elements; returns the buffer list (uint8 arrays)."""
+def quantize_flat(bits: np.ndarray, name: str, p: dict, opts: dict, alloc,
+                  bittrick: int = -1) -> list:
+    """Quantize a flat uint view of `name` elements (C path); returns the buffer list."""
     wire, esize, _ = _dtypes.DTYPES[name]
     escapes = []
     if p["nonfinite"] == "keep":
@@ -113,10 +115,14 @@ def quantize_flat(bits: np.ndarray, name: str, p: dict) -> list:
             escapes = [idx.view(np.uint8), bits[idx].view(np.uint8).copy()]
             bits = bits.copy()
             bits[idx] = 0
-    packed, mins, scales = _ext.quant_encode(
-        bits.view(np.uint8), wire, esize, p["bits"], p["group_size"] or 0,
-        ROUNDINGS.index(p["rounding"]), p["seed"])
-    return [packed, mins.view(np.uint8), scales.view(np.uint8), *escapes]
+    n, group = bits.size, p["group_size"] or 0
+    ng = _ext.quant_ngroups(n, group)
+    packed = alloc(packed_nbytes(n, p["bits"]))
+    mins, scales = alloc(4 * ng), alloc(4 * ng)
+    _ext.quant_encode(bits.view(np.uint8), wire, esize, p["bits"], group,
+                      ROUNDINGS.index(p["rounding"]), p["seed"], packed, mins.view(np.float32),
+                      scales.view(np.float32), bittrick=bittrick, **opts)
+    return [packed, mins, scales, *escapes]
 
 
 def _floats(buf: np.ndarray) -> np.ndarray:
@@ -125,12 +131,12 @@ def _floats(buf: np.ndarray) -> np.ndarray:
 
 
 def dequantize_flat(buffers, count: int, name: str, out_name: str, p: dict,
-                    out_bytes: np.ndarray) -> None:
+                    out_bytes: np.ndarray, opts: dict, bittrick: int = -1) -> None:
     """Decode `count` elements from quantize_flat's buffers into out_bytes (out_name dtype)."""
     wire, esize, _ = _dtypes.DTYPES[out_name]
     packed, mins, scales = buffers[:3]
     _ext.quant_decode(packed, _floats(mins), _floats(scales), p["bits"], p["group_size"] or 0,
-                      wire, esize, out_bytes)
+                      wire, esize, out_bytes, bittrick=bittrick, **opts)
     if len(buffers) == 5:
         idx = buffers[3].view("<u8")
         vals = buffers[4].view(_dtypes.DTYPES[name][2] if name != "bfloat16" else np.uint16)
@@ -179,21 +185,25 @@ def validate_flat(buffers, count: int, name: str, p: dict) -> None:
 
 
 def encode(x, bits: int = 8, *, group_size: int | None = 256, rounding: str = "nearest",
-           seed: int = 0, nonfinite: str = "raise", dtype: str | None = None) -> container.Encoded:
-    """Quantize a float16/bfloat16/float32/float64 array to `bits`-bit codes per group."""
-    arr = np.asarray(x)
-    name = _dtypes.dtype_name(arr, dtype)
-    p = check_params(bits, group_size, rounding, nonfinite, seed)
-    bufs = quantize_flat(_dtypes.bits_view(arr), name, p)
-    return container.Encoded("quant", name, tuple(arr.shape), p, tuple(bufs))
+           seed: int = 0, nonfinite: str = "raise", dtype: str | None = None,
+           threads: int | None = None, simd: str | None = None,
+           bittrick: bool | None = None) -> container.Encoded:
+    """Quantize a float16/bfloat16/float32/float64 array or tensor to `bits`-bit codes per
+    group. bittrick: the code <-> float conversion (None: the path's default; both give the
+    same bytes)."""
+    from . import choice
+
+    return choice.encode(x, "quant", bits=bits, group_size=group_size, rounding=rounding,
+                         seed=seed, nonfinite=nonfinite, dtype=dtype, threads=threads,
+                         simd=simd, bittrick=bittrick)
 
 
 def validate(enc: container.Encoded) -> None:
     validate_flat(enc.buffers, enc.size, enc.dtype, enc.params)
 
 
-def decode_into(enc: container.Encoded, out_bytes: np.ndarray, out_name: str) -> None:
-    dequantize_flat(enc.buffers, enc.size, enc.dtype, out_name, enc.params, out_bytes)
+def decode_into(enc, buffers, out_bytes: np.ndarray, target: str, opts: dict) -> None:
+    dequantize_flat(buffers, enc.size, enc.dtype, target, enc.params, out_bytes, opts)
 
 
 if sys.byteorder != "little":  # pragma: no cover - the format and kernels are little-endian

@@ -25,6 +25,7 @@ typedef enum { AC_F16 = 1, AC_BF16 = 2, AC_F32 = 3, AC_F64 = 4 } ac_dtype;
 
 /* Instruction-set paths, in order of preference within an architecture. */
 typedef enum {
+    AC_ISA_DEFAULT = -1,  /* in ac_options: the process default */
     AC_ISA_SCALAR = 0,
     AC_ISA_SSE2 = 1,
     AC_ISA_AVX2 = 2,
@@ -32,24 +33,36 @@ typedef enum {
     AC_ISA_COUNT = 4
 } ac_isa;
 
-/* ---- dispatch and threads (dispatch.c, threads.c) ---- */
+/* Settings of one call. Every function that runs kernels takes one; NULL means
+ * AC_OPTIONS_DEFAULT. Nothing a call is given outlives it or changes another call. */
+typedef struct {
+    int threads;  /* 1..1024, or 0: the process default (ac_default_threads) */
+    int isa;      /* an available ac_isa, or AC_ISA_DEFAULT (ac_default_isa) */
+    int bittrick; /* quantization's code <-> float conversion: 1 DAF's bit trick, 0 casts,
+                   * -1 the path's default (the trick on scalar, where rint is a libm call;
+                   * casts elsewhere). Both give identical bytes. */
+} ac_options;
+#define AC_OPTIONS_DEFAULT {0, AC_ISA_DEFAULT, -1}
+
+/* ---- dispatch and defaults (dispatch.c, threads.c) ---- */
 
 /* Reads ACTCODEC_SIMD and ACTCODEC_NUM_THREADS once. Returns AC_EINVAL for an unknown
- * ACTCODEC_SIMD name, AC_EUNSUPPORTED for a path this CPU lacks (the active path then stays
+ * ACTCODEC_SIMD name, AC_EUNSUPPORTED for a path this CPU lacks (the default path then stays
  * the best available). Safe to call more than once; later calls return the first result. */
 int ac_init(void);
 const char *ac_isa_name(int isa);       /* "scalar", "sse2", "avx2", "neon"; NULL if out of range */
 int ac_isa_from_name(const char *name); /* -1 if unknown */
 int ac_isa_available(int isa);          /* compiled in and supported by this CPU */
 int ac_best_isa(void);
-int ac_active_isa(void);
-int ac_set_isa(int isa);                /* AC_EUNSUPPORTED if not available */
 /* Human-readable CPU feature list, e.g. "sse2 ssse3 sse4.1 avx avx2 popcnt bmi2". */
 const char *ac_cpu_features(void);
-
 int ac_openmp_enabled(void);            /* 1 if built with OpenMP */
-int ac_get_num_threads(void);
-int ac_set_num_threads(int n);          /* n >= 1; AC_EINVAL otherwise */
+
+/* The process defaults, used where a call's options say 0 / AC_ISA_DEFAULT. */
+int ac_default_isa(void);               /* ACTCODEC_SIMD, else the best available */
+int ac_set_default_isa(int isa);        /* AC_EUNSUPPORTED if not available */
+int ac_default_threads(void);           /* ACTCODEC_NUM_THREADS, else the cores */
+int ac_set_default_threads(int n);      /* n in 1..1024; AC_EINVAL otherwise */
 
 /* ---- sparse bitmap codec (bitmap.c) ----
  * Element i is "nonzero" iff its bit pattern is not all zero bits (so -0.0 and NaNs are kept
@@ -62,22 +75,27 @@ size_t ac_bitmap_nbytes(size_t n);      /* (n + 7) / 8 */
  * where prune_abs_bits is the bit pattern of the smallest representable value >= t).
  * bitmap: ac_bitmap_nbytes(n) bytes. values: room for n elements. *nnz receives the count. */
 int ac_bitmap_encode(const void *src, size_t n, int esize, uint64_t prune_abs_bits,
-                     uint8_t *bitmap, void *values, size_t *nnz);
+                     uint8_t *bitmap, void *values, size_t *nnz, const ac_options *opt);
 
 /* Counts set bits of a bitmap of n elements; AC_ECORRUPT if a padding bit is set. */
-int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz);
+int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz, const ac_options *opt);
 
 /* Inverse of encode. Checks that the bitmap has exactly nnz set bits and zero padding
  * (AC_ECORRUPT otherwise, dst untouched), so it never reads past values[nnz). */
 int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
-                     int esize, void *dst);
+                     int esize, void *dst, const ac_options *opt);
+
+/* A mask: element i is `value` (esize bytes: 1, 2, 4 or 8) where bitmap bit i is set, zero
+ * bits elsewhere. AC_ECORRUPT (dst untouched) if a padding bit is set. */
+int ac_mask_decode(const uint8_t *bitmap, size_t n, const void *value, int esize, void *dst,
+                   const ac_options *opt);
 
 /* ---- sampled density (sample.c) ----
  * Reads `runs` runs of run_len elements (needs runs * run_len <= n): with stride = n / runs,
  * run r starts at r * stride + ac_sample_mix(r) % (stride - run_len + 1). *nnz: nonzero bit
  * patterns in the sample; *sumsq: the sum over runs of (nonzero count of the run)^2;
  * *one_value: 1 if the sample holds a nonzero element and all its nonzero elements have one
- * bit pattern (a mask, perhaps), else 0. */
+ * bit pattern (a mask, perhaps), else 0. Scalar and single-threaded: a sample is a few KiB. */
 uint64_t ac_sample_mix(uint64_t x);
 int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t run_len,
                       uint64_t *nnz, uint64_t *sumsq, int *one_value);
@@ -88,11 +106,12 @@ double ac_nonzero_share_floor(const void *src, size_t n, int esize, int *one_val
 
 /* ---- dynamic k-bit quantization (quant.c) ----
  * Groups of `group` consecutive elements (the last may be short; group >= n means one group
- * for the whole tensor). Per group, in float32: mn = min, mx = max, scale = (mx - mn) / L with
- * L = 2^bits - 1, inv = scale > 0 ? 1 / scale : 0, t = (x - mn) * inv, and
+ * for the whole tensor). Per group, in float32: mn = min, mx = max (a zero extreme counts as
+ * +0.0), scale = (mx - mn) / L with L = 2^bits - 1, inv = scale > 0 ? 1 / scale : 0,
+ * t = (x - mn) * inv, and
  *   nearest:    code = min(rint(t), L)                 (ties to even)
  *   stochastic: code = min(floor(t + u), L)            u = ac_uniform(seed, element index)
- * (where 1 / scale overflows, i.e. scale < ~2.9e-39, t = (x - mn) / scale instead). 
+ * (where 1 / scale overflows, i.e. scale < ~2.9e-39, t = (x - mn) / scale instead).
  * Decoding gives mn + (float)code * scale (a multiply then an add, never fused).
  * float16/bfloat16/float64 input is converted to float32 first (float64 rounds to nearest).
  * Codes are packed in the unified layout: blocks of AC_QBLOCK_BYTES bytes; block b holds
@@ -107,46 +126,17 @@ size_t ac_quant_ngroups(size_t n, size_t group);
  * first element that is NaN/inf (after conversion to float32) or whose group range overflows. */
 int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group, int rounding,
                     uint64_t seed, uint8_t *packed, float *mins, float *scales,
-                    size_t *bad_index);
+                    size_t *bad_index, const ac_options *opt);
 int ac_quant_decode(const uint8_t *packed, const float *mins, const float *scales, size_t n,
-                    int bits, size_t group, int out_dtype, void *dst);
-/* Min and max (as float32) of n >= 1 elements over the configured threads: the pass the
+                    int bits, size_t group, int out_dtype, void *dst, const ac_options *opt);
+/* Min and max (as float32; a zero extreme as +0.0) of n >= 1 elements: the pass the
  * per-tensor mode runs. AC_ENONFINITE with *bad_index at the first NaN/inf. */
-int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t *bad_index);
-/* Code <-> float conversion: 1 = DAF's bit trick (OR into the mantissa of 2^23), 0 = casts.
- * Both give identical results. By default the faster on the active path (measured: casts on
- * SSE2/AVX2, the trick on scalar); set 0 or 1 to force, -1 to return to the default. */
-int ac_get_bittrick(void);
-void ac_set_bittrick(int on);
-/* Tuning, for benchmarks and other machines; none changes a single output byte.
- * Quant encode steps through inputs of at least this many bytes in 512-element tiles, smaller
- * ones in 4096-element tiles (default 16 MiB; SIZE_MAX: never). */
-size_t ac_get_quant_short_tiles_from(void);
-void ac_set_quant_short_tiles_from(size_t nbytes);
-/* The threaded bitmap encode's largest block in bytes of input: a power of two from 128 KiB
- * (default 2 MiB; 128 KiB: blocks never grow). AC_EINVAL otherwise. */
-size_t ac_get_bitmap_block_max(void);
-int ac_set_bitmap_block_max(size_t nbytes);
-/* Threaded bitmap encodes of inputs of at least nbytes write their values with non-temporal
- * stores (default 8 MiB; SIZE_MAX: never). The bytes are the same either way. */
-size_t ac_get_bitmap_stream_from(void);
-void ac_set_bitmap_stream_from(size_t nbytes);
+int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t *bad_index,
+              const ac_options *opt);
 /* The stochastic-rounding uniform draw in [0, 1) (24 bits), for references and other backends. */
 float ac_uniform(uint64_t seed, uint64_t index);
 
 /* ---- utilities ---- */
-/* nbytes of zeroed memory in a mapping of its own (Linux: mmap, with transparent huge pages
- * asked for; elsewhere calloc), for large outputs that are written once in full. NULL if
- * nbytes is 0 or the memory is not there. Free with ac_free_pages and the same size. */
-void *ac_alloc_pages(size_t nbytes);
-/* Gives back the pages of an ac_alloc_pages block of nbytes beyond its first keep bytes;
- * returns the size to pass to ac_free_pages from then on. */
-size_t ac_shrink_pages(void *p, size_t nbytes, size_t keep);
-void ac_free_pages(void *p, size_t nbytes);
-/* memcpy / memset split over the configured threads (the benchmarks' yardsticks). The
- * memset writes newly mapped memory as the decoders do (first_touch.h). */
-void ac_parallel_copy(void *dst, const void *src, size_t nbytes);
-void ac_parallel_fill(void *dst, int byte, size_t nbytes);
 /* Fast 64-bit checksum of a byte string (container format). Same value on every platform. */
 uint64_t ac_checksum64(const void *data, size_t nbytes, uint64_t seed);
 

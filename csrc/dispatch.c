@@ -1,5 +1,6 @@
-/* Run-time ISA detection and the kernel table. Detection runs once; ACTCODEC_SIMD may force
- * a path. No -march flag is used anywhere: SIMD files carry per-function target attributes. */
+/* Run-time ISA detection, the kernel tables and the default path. Detection runs once;
+ * ACTCODEC_SIMD sets the default path. No -march flag is used anywhere: SIMD files carry
+ * per-function target attributes. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +22,8 @@ static int available[AC_ISA_COUNT];
 static int best_isa = AC_ISA_SCALAR;
 static int init_status = AC_OK;
 static char features[160];
-/* Switchable at run time (ac_set_isa) while other threads may be encoding: atomic. */
-static _Atomic int active_isa = AC_ISA_SCALAR;
+/* The default for calls that name no path; set from any thread (ac_set_default_isa). */
+static _Atomic int default_isa = AC_ISA_SCALAR;
 
 static void add_feature(const char *name) {
     size_t used = strlen(features);
@@ -109,7 +110,7 @@ static void init_once(void) {
         else if (!available[want]) init_status = AC_EUNSUPPORTED;
         else isa = want;
     }
-    atomic_store(&active_isa, isa);
+    atomic_store(&default_isa, isa);
 }
 
 int ac_init(void) {
@@ -139,17 +140,27 @@ int ac_isa_available(int isa) {
 }
 
 int ac_best_isa(void) { ac_init(); return best_isa; }
-int ac_active_isa(void) { ac_init(); return atomic_load(&active_isa); }
+int ac_default_isa(void) { ac_init(); return atomic_load(&default_isa); }
 
-int ac_set_isa(int isa) {
+int ac_set_default_isa(int isa) {
     if (!ac_isa_available(isa)) return AC_EUNSUPPORTED;
-    atomic_store(&active_isa, isa);
+    atomic_store(&default_isa, isa);
     return AC_OK;
 }
 
 const char *ac_cpu_features(void) { ac_init(); return features; }
 
-const ac_kernels *ac_active_kernels(void) {
-    ac_init();
-    return &tables[atomic_load_explicit(&active_isa, memory_order_relaxed)];
+int ac_call_from(const ac_options *opt, ac_call *call) {
+    static const ac_options defaults = AC_OPTIONS_DEFAULT;
+    if (opt == NULL) opt = &defaults;
+    int isa = opt->isa == AC_ISA_DEFAULT ? ac_default_isa() : opt->isa;
+    if (isa < 0 || isa >= AC_ISA_COUNT || opt->threads < 0 || opt->threads > AC_MAX_THREADS ||
+        opt->bittrick < -1 || opt->bittrick > 1)
+        return AC_EINVAL;
+    if (!ac_isa_available(isa)) return AC_EUNSUPPORTED;
+    call->k = &tables[isa];
+    call->isa = isa;
+    call->threads = opt->threads ? opt->threads : ac_default_threads();
+    call->trick = opt->bittrick >= 0 ? opt->bittrick : isa == AC_ISA_SCALAR;
+    return AC_OK;
 }

@@ -26,7 +26,8 @@ typedef size_t (*ac_popcount_fn)(const uint8_t *p, size_t nbytes);
 
 /* Quantization kernels work on float32 runs (float pointers 4-byte aligned); the driver
  * converts other dtypes tile by tile. See actcodec.h for the math they must match exactly.
- * minmax: n >= 1; returns 1 if any element is NaN/inf (the results are then unspecified). */
+ * minmax: n >= 1; returns 1 if any element is NaN/inf (the results are then unspecified);
+ * a zero extreme may come back with either sign (the driver makes it +0.0). */
 typedef int (*ac_minmax_fn)(const float *x, size_t n, float *mn, float *mx);
 /* codes[i] = the code of x[i] (one byte each); levels = 2^bits - 1. For stochastic rounding
  * element i draws ac_uniform_bits(key, idx0 + i) (idx0 + n never wraps: the driver splits). */
@@ -131,7 +132,16 @@ int ac_kernels_sse2(ac_kernels *k);
 int ac_kernels_avx2(ac_kernels *k);
 int ac_kernels_neon(ac_kernels *k);
 
-/* The active table (dispatch.c). */
-const ac_kernels *ac_active_kernels(void);
+/* One call's options made concrete (dispatch.c): the kernel table of its path, the thread
+ * count it may use and the conversion. AC_EINVAL for options out of range, AC_EUNSUPPORTED
+ * for a path this CPU lacks. */
+#define AC_MAX_THREADS 1024
+typedef struct {
+    const ac_kernels *k;
+    int isa;
+    int threads;
+    int trick;
+} ac_call;
+int ac_call_from(const ac_options *opt, ac_call *call);
 
 #endif

@@ -3,13 +3,11 @@
  * block size divides 256), so threads write disjoint packed bytes; a group that straddles two
  * ranges has its min/max computed by both (identically: min and max are exact). */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
 #include "quant_common.h"
 #include "threads.h"
-#include "first_touch.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -18,17 +16,6 @@
  * divisor of 2^32, so no kernel call crosses a 2^32 element-index boundary. */
 #define TILE 4096u
 #define NONE SIZE_MAX
-
-/* -1: the measured default of the active path (tests/bench: casts are faster on SSE2 and
- * AVX2, where they are single instructions; the bit trick on scalar, where rint is a libm
- * call). 0 or 1: forced. */
-static _Atomic int bittrick_mode = -1;
-
-int ac_get_bittrick(void) {
-    int mode = atomic_load(&bittrick_mode);
-    return mode >= 0 ? mode : ac_active_isa() == AC_ISA_SCALAR;
-}
-void ac_set_bittrick(int on) { atomic_store(&bittrick_mode, on < 0 ? -1 : on != 0); }
 
 float ac_uniform(uint64_t seed, uint64_t index) {
     uint32_t key = ac_round_key(seed, (uint32_t)(index >> 32));
@@ -65,7 +52,6 @@ typedef struct {
     float *mins, *scales;
     int fixed;           /* per-tensor mode: stats precomputed in fixed_mn/fixed_mx */
     float fixed_mn, fixed_mx;
-    size_t tile;         /* encode's step: a power of two dividing TILE (encode_tile) */
 } job;
 
 /* Elements [s, e) as float32: the input itself when it is float32, else converted into buf. */
@@ -127,28 +113,6 @@ static inline int tiles_hold_whole_groups(size_t G, size_t tile) {
     return G <= tile && tile % G == 0;
 }
 
-/* Encode's tile. Each tile is read twice: once from memory for every min/max, then from L1
- * for the codes. While the codes are computed no new lines are asked for and the hardware
- * prefetcher's stream stalls; short tiles keep those pauses short. On input just written,
- * still in the last-level cache, the pauses cost little and the per-tile calls cost more.
- * `python bench/tuning_pairs.py` (2 threads, float32, G=256, 41 paired rounds in one process;
- * medians of short/long per round, 2- and 8-bit): input evicted first, 0.82-0.94 at 4, 8, 16
- * and 64 MiB; input just rewritten: 4 MiB 1.21-1.25, 8 MiB 1.20-1.24, 16 MiB 0.76-0.88,
- * 64 MiB 0.81-0.83. So short tiles from 16 MiB (half this machine's 32 MiB L3); a training
- * step's smaller activations are usually still in cache. A group larger than the short tile
- * is a tile of its own; ac_set_quant_short_tiles_from moves the threshold. */
-#define SHORT_TILE 512u
-static _Atomic size_t short_tiles_from = (size_t)16 << 20;
-
-size_t ac_get_quant_short_tiles_from(void) { return atomic_load(&short_tiles_from); }
-void ac_set_quant_short_tiles_from(size_t nbytes) { atomic_store(&short_tiles_from, nbytes); }
-
-static size_t encode_tile(size_t nbytes, size_t group) {
-    if (nbytes < atomic_load(&short_tiles_from)) return TILE;
-    if (group <= SHORT_TILE) return SHORT_TILE;
-    return tiles_hold_whole_groups(group, TILE) ? group : TILE;
-}
-
 /* Groups under 32 elements (the C API takes them; Python's does not) take the per-group path
  * in encode, which bounds the stack arrays below. */
 #define GROUP_MIN_TILED 32u
@@ -161,7 +125,7 @@ static size_t encode_tile(size_t nbytes, size_t group) {
 static int tile_of_groups(const job *j, size_t ts, size_t te, const float *x, uint32_t levels,
                           uint32_t key, uint8_t *codes) {
     size_t G = j->group, nt = te - ts;
-    if (j->fixed || G < GROUP_MIN_TILED || !tiles_hold_whole_groups(G, j->tile)) return 0;
+    if (j->fixed || G < GROUP_MIN_TILED || !tiles_hold_whole_groups(G, TILE)) return 0;
     size_t g0 = ts / G, ng = (nt + G - 1) / G;
     float lo[GROUPS_PER_TILE_MAX], hi[GROUPS_PER_TILE_MAX];
     float scale[GROUPS_PER_TILE_MAX], inv[GROUPS_PER_TILE_MAX];
@@ -187,8 +151,8 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
     uint32_t levels = (1u << j->bits) - 1u;
     size_t per = 256 / (size_t)j->bits, g_cur = NONE, G = j->group;
     float mn = 0, inv = 0, scale = 0;
-    for (size_t ts = a; ts < b; ts += j->tile) {
-        size_t te = b - ts < j->tile ? b : ts + j->tile;
+    for (size_t ts = a; ts < b; ts += TILE) {
+        size_t te = b - ts < TILE ? b : ts + TILE;
         const float *x = as_f32(j, ts, te, fbuf);
         /* At 8 bits the unified layout is the identity: codes go straight to their bytes. */
         uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes;
@@ -243,10 +207,8 @@ static void decode_range(const job *j, size_t a, size_t b, int out_dtype) {
     uint8_t codes[TILE];
     size_t per = 256 / (size_t)j->bits, G = j->group, oes = dtype_size(out_dtype);
     unsigned char *dst = (unsigned char *)j->src;
-    uintptr_t next = 0; /* first_touch.h */
     for (size_t ts = a; ts < b; ts += TILE) {
         size_t te = b - ts < TILE ? b : ts + TILE;
-        ac_first_touch(dst + ts * oes, dst + b * oes, &next);
         size_t nt = te - ts, full = nt / per, rem = nt % per;
         const uint8_t *in = j->packed + ts / per * AC_QBLOCK_BYTES;
         const uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes; /* identity layout */
@@ -311,36 +273,40 @@ static int minmax_parallel(const job *j, int threads, float *mn, float *mx, size
     return AC_OK;
 }
 
-int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t *bad_index) {
+int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t *bad_index,
+              const ac_options *opt) {
     if (dtype_size(dtype) == 0 || n > SIZE_MAX / 16 || mn == NULL || mx == NULL ||
         bad_index == NULL || (n > 0 && src == NULL))
         return AC_EINVAL;
+    ac_call call;
+    int status = ac_call_from(opt, &call);
+    if (status != AC_OK) return status;
     *bad_index = NONE;
     if (n == 0) return AC_EINVAL;
-    job j = {ac_active_kernels(), src, n, dtype_size(dtype), n, dtype, 8, 0, 0, 0, NULL, NULL,
-             NULL, 0, 0, 0, TILE};
+    job j = {call.k, src, n, dtype_size(dtype), n, dtype, 8, 0, 0, 0, NULL, NULL, NULL, 0, 0, 0};
     size_t ntiles = n / TILE + (n % TILE != 0);
-    return minmax_parallel(&j, ac_threads_for(n * j.es, ntiles), mn, mx, bad_index);
+    return minmax_parallel(&j, ac_threads_for(call.threads, n * j.es, ntiles), mn, mx, bad_index);
 }
 
 int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group, int rounding,
                     uint64_t seed, uint8_t *packed, float *mins, float *scales,
-                    size_t *bad_index) {
+                    size_t *bad_index, const ac_options *opt) {
     if (check_args(n, dtype, bits, group) != AC_OK || bad_index == NULL ||
         (rounding != AC_ROUND_NEAREST && rounding != AC_ROUND_STOCHASTIC))
         return AC_EINVAL;
+    ac_call call;
+    int status = ac_call_from(opt, &call);
+    if (status != AC_OK) return status;
     *bad_index = NONE;
     if (n == 0) return AC_OK;
     if (src == NULL || packed == NULL || mins == NULL || scales == NULL) return AC_EINVAL;
-    job j = {ac_active_kernels(), src, n, dtype_size(dtype), group == 0 || group > n ? n : group,
-             dtype, bits, rounding, ac_get_bittrick(), seed, packed, mins, scales, 0, 0, 0,
-             TILE};
-    j.tile = encode_tile(n * j.es, j.group);
+    job j = {call.k, src, n, dtype_size(dtype), group == 0 || group > n ? n : group,
+             dtype, bits, rounding, call.trick, seed, packed, mins, scales, 0, 0, 0};
     size_t ntiles = n / TILE + (n % TILE != 0);
-    int threads = ac_threads_for(n * j.es, ntiles);
+    int threads = ac_threads_for(call.threads, n * j.es, ntiles);
     size_t span = range_size(n, threads), bad = NONE;
     if (j.group == n) { /* per tensor: one min/max pass over all threads, then quantize */
-        int status = minmax_parallel(&j, threads, &j.fixed_mn, &j.fixed_mx, bad_index);
+        status = minmax_parallel(&j, threads, &j.fixed_mn, &j.fixed_mx, bad_index);
         if (status != AC_OK) return status;
         j.fixed = 1;
     }
@@ -362,15 +328,18 @@ int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group
 }
 
 int ac_quant_decode(const uint8_t *packed, const float *mins, const float *scales, size_t n,
-                    int bits, size_t group, int out_dtype, void *dst) {
+                    int bits, size_t group, int out_dtype, void *dst, const ac_options *opt) {
     if (check_args(n, out_dtype, bits, group) != AC_OK) return AC_EINVAL;
+    ac_call call;
+    int status = ac_call_from(opt, &call);
+    if (status != AC_OK) return status;
     if (n == 0) return AC_OK;
     if (packed == NULL || mins == NULL || scales == NULL || dst == NULL) return AC_EINVAL;
-    job j = {ac_active_kernels(), dst, n, dtype_size(out_dtype), group == 0 || group > n ? n : group,
-             out_dtype, bits, 0, ac_get_bittrick(), 0, (uint8_t *)packed, (float *)mins,
-             (float *)scales, 0, 0, 0, TILE};
+    job j = {call.k, dst, n, dtype_size(out_dtype), group == 0 || group > n ? n : group,
+             out_dtype, bits, 0, call.trick, 0, (uint8_t *)packed, (float *)mins,
+             (float *)scales, 0, 0, 0};
     size_t ntiles = n / TILE + (n % TILE != 0);
-    int threads = ac_threads_for(n * j.es, ntiles);
+    int threads = ac_threads_for(call.threads, n * j.es, ntiles);
     size_t span = range_size(n, threads), nranges = (n + span - 1) / span;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)

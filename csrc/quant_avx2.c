@@ -55,18 +55,6 @@ AVX2_INLINE float hmax(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
-/* The first element equal to zero, of either sign; the caller knows there is one. */
-AVX2_INLINE float first_zero(const float *x, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 eq = _mm256_cmp_ps(_mm256_loadu_ps(x + i), _mm256_setzero_ps(), _CMP_EQ_OQ);
-        unsigned m = (unsigned)_mm256_movemask_ps(eq);
-        if (m) return x[i + (unsigned)__builtin_ctz(m)];
-    }
-    while (x[i] != 0.0f) i++;
-    return x[i];
-}
-
 AVX2_FN int minmax_avx2(const float *x, size_t n, float *mn, float *mx) {
     /* Fewer than 8 elements: pad with x[0], as a repeat changes neither extreme nor verdict. */
     float pad[8];
@@ -86,13 +74,6 @@ AVX2_FN int minmax_avx2(const float *x, size_t n, float *mn, float *mx) {
     float lo = hmin(acc.lo), hi = hmax(acc.hi);
     /* Without NaNs the extremes are exact, so an infinity would be one of them. */
     int nonfinite = _mm256_movemask_ps(acc.nan) != 0 || isinf(lo) || isinf(hi);
-    /* The reference keeps the first zero it meets (v < lo is false between zeros); lane order
-     * loses which one that was, so look it up. */
-    if (!nonfinite && (lo == 0.0f || hi == 0.0f)) {
-        float z = first_zero(x, n);
-        if (lo == 0.0f) lo = z;
-        if (hi == 0.0f) hi = z;
-    }
     *mn = lo;
     *mx = hi;
     return nonfinite;

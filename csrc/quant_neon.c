@@ -23,15 +23,6 @@ static inline void minmax_step4(float32x4_t *lo, float32x4_t *hi, const float *p
     *hi = vmaxq_f32(vmaxq_f32(vmaxq_f32(v0, v1), vmaxq_f32(v2, v3)), *hi);
 }
 
-/* The first element equal to zero, of either sign; the caller knows there is one. */
-static inline float first_zero(const float *x, size_t n) {
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        if (vmaxvq_u32(vceqzq_f32(vld1q_f32(x + i))) != 0) break;
-    while (x[i] != 0.0f) i++;
-    return x[i];
-}
-
 static int minmax_neon(const float *x, size_t n, float *mn, float *mx) {
     /* Fewer than 4 elements: pad with x[0], as a repeat changes neither extreme nor verdict. */
     float pad[4];
@@ -55,13 +46,6 @@ static int minmax_neon(const float *x, size_t n, float *mn, float *mx) {
     }
     float lo = vminvq_f32(lo4), hi = vmaxvq_f32(hi4);
     int nonfinite = !isfinite(lo) || !isfinite(hi);
-    /* The reference keeps the first zero it meets (v < lo is false between zeros), while fmin
-     * orders -0 below +0 and lane order loses which came first, so look it up. */
-    if (!nonfinite && (lo == 0.0f || hi == 0.0f)) {
-        float z = first_zero(x, n);
-        if (lo == 0.0f) lo = z;
-        if (hi == 0.0f) hi = z;
-    }
     *mn = lo;
     *mx = hi;
     return nonfinite;

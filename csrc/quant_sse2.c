@@ -49,17 +49,6 @@ static inline float hmax(__m128 m) {
     return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
 }
 
-/* The first element equal to zero, of either sign; the caller knows there is one. */
-static inline float first_zero(const float *x, size_t n) {
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        unsigned m = (unsigned)_mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(x + i), _mm_setzero_ps()));
-        if (m) return x[i + (unsigned)__builtin_ctz(m)];
-    }
-    while (x[i] != 0.0f) i++;
-    return x[i];
-}
-
 static int minmax_sse2(const float *x, size_t n, float *mn, float *mx) {
     /* Fewer than 4 elements: pad with x[0], as a repeat changes neither extreme nor verdict. */
     float pad[4];
@@ -79,13 +68,6 @@ static int minmax_sse2(const float *x, size_t n, float *mn, float *mx) {
     float lo = hmin(acc.lo), hi = hmax(acc.hi);
     /* Without NaNs the extremes are exact, so an infinity would be one of them. */
     int nonfinite = _mm_movemask_ps(acc.nan) != 0 || isinf(lo) || isinf(hi);
-    /* The reference keeps the first zero it meets (v < lo is false between zeros); lane order
-     * loses which one that was, so look it up. */
-    if (!nonfinite && (lo == 0.0f || hi == 0.0f)) {
-        float z = first_zero(x, n);
-        if (lo == 0.0f) lo = z;
-        if (hi == 0.0f) hi = z;
-    }
     *mn = lo;
     *mx = hi;
     return nonfinite;

@@ -7,7 +7,8 @@
 /* Below this much data per thread, starting threads costs more than it saves. */
 #define AC_MIN_BYTES_PER_THREAD (256u * 1024u)
 
-/* Threads to use for a job of nbytes split into nblocks independent blocks (>= 1). */
-int ac_threads_for(size_t nbytes, size_t nblocks);
+/* Threads (>= 1) for a job of nbytes split into nblocks independent blocks, at most `most`;
+ * 1 without OpenMP. */
+int ac_threads_for(int most, size_t nbytes, size_t nblocks);
 
 #endif

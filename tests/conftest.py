@@ -8,7 +8,7 @@ import actcodec
 settings.register_profile(
     "default", deadline=None, max_examples=60,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                          HealthCheck.function_scoped_fixture],  # path_threads is per test, not per example
+                          HealthCheck.function_scoped_fixture],  # opts is per test, not per example
 )
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
@@ -19,12 +19,7 @@ THREADS = [1, 2]
 
 @pytest.fixture(params=[(p, t) for p in PATHS for t in THREADS],
                 ids=[f"{p}-{t}t" for p in PATHS for t in THREADS])
-def path_threads(request):
-    """Run the test on one SIMD path and thread count, restoring the defaults after."""
+def opts(request):
+    """One SIMD path and thread count, as the per-call options every codec call takes."""
     path, threads = request.param
-    old_path, old_threads = actcodec.get_simd(), actcodec.get_num_threads()
-    actcodec.set_simd(path)
-    actcodec.set_num_threads(threads)
-    yield path, threads
-    actcodec.set_simd(old_path)
-    actcodec.set_num_threads(old_threads)
+    return {"simd": path, "threads": threads}

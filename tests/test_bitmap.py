@@ -13,15 +13,16 @@ import reference as ref
 from strategies import ITEMSIZE, as_dtype, bit_arrays
 
 
-def _check_roundtrip(name, bits, prune=0.0):
+def _check_roundtrip(name, bits, prune=0.0, opts=None):
+    opts = opts or {}
     x, tag = as_dtype(name, bits)
-    enc = actcodec.bitmap.encode(x, prune=prune, dtype=tag)
+    enc = actcodec.bitmap.encode(x, prune=prune, dtype=tag, **opts)
     thr = actcodec._dtypes.prune_abs_bits(prune, name)
     want_bitmap, want_values = ref.bitmap_encode(bits, thr)
     assert enc.buffers[0].tobytes() == want_bitmap.tobytes()
     assert enc.buffers[1].tobytes() == want_values.tobytes()
     assert enc.nbytes == want_bitmap.nbytes + want_values.nbytes
-    back = enc.decode().reshape(-1).view(bits.dtype)
+    back = enc.decode(**opts).reshape(-1).view(bits.dtype)
     want = ref.bitmap_decode(want_bitmap, want_values, bits.size, bits.itemsize)
     assert back.tobytes() == want.tobytes()
     if prune == 0.0:
@@ -30,14 +31,14 @@ def _check_roundtrip(name, bits, prune=0.0):
 
 
 @given(bit_arrays())
-def test_matches_reference_every_path(path_threads, case):
-    _check_roundtrip(*case)
+def test_matches_reference_every_path(opts, case):
+    _check_roundtrip(*case, opts=opts)
 
 
 @given(bit_arrays(), st.sampled_from([1e-30, 1e-6, 0.01, 0.5, 1.0, 3.0, 1e4, 1e300]))
-def test_prune_matches_value_semantics(path_threads, case, t):
+def test_prune_matches_value_semantics(opts, case, t):
     name, bits = case
-    enc = _check_roundtrip(name, bits, prune=t)
+    enc = _check_roundtrip(name, bits, prune=t, opts=opts)
     back = enc.decode().reshape(-1).view(bits.dtype)
     assert back.tobytes() == ref.prune_by_value(bits.view(
         np.uint16 if name == "bfloat16" else name), t, name).tobytes()
@@ -46,27 +47,21 @@ def test_prune_matches_value_semantics(path_threads, case, t):
 # Large arrays cross block and thread boundaries (blocks are 128 KiB of input).
 @pytest.mark.parametrize("name", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("p_zero", [0.0, 0.1, 0.5, 0.9, 1.0])
-def test_large_arrays_cross_thread_splits(path_threads, name, p_zero):
+def test_large_arrays_cross_thread_splits(opts, name, p_zero):
     rng = np.random.default_rng(int(p_zero * 10))
     n = 1_000_003 if name != "float64" else 400_001
     x = rng.standard_normal(n).astype(name)
     x[rng.random(n) < p_zero] = 0
-    _check_roundtrip(name, x.view(ref.UINT[x.itemsize]))
+    _check_roundtrip(name, x.view(ref.UINT[x.itemsize]), opts=opts)
 
 
 def test_all_paths_give_identical_bytes():
     rng = np.random.default_rng(7)
     x = np.maximum(rng.standard_normal(300_017, dtype=np.float32), 0)
     outputs = set()
-    old = actcodec.get_simd()
-    try:
-        for path in actcodec.simd_info()["available"]:
-            for threads in (1, 2):
-                actcodec.set_simd(path)
-                actcodec.set_num_threads(threads)
-                outputs.add(actcodec.bitmap.encode(x).to_bytes())
-    finally:
-        actcodec.set_simd(old)
+    for path in actcodec.simd_info()["available"]:
+        for threads in (1, 2):
+            outputs.add(actcodec.bitmap.encode(x, threads=threads, simd=path).to_bytes())
     assert len(outputs) == 1
 
 
@@ -118,12 +113,16 @@ def test_decode_into_out():
         enc.decode(out=ro)
 
 
-@pytest.mark.parametrize("bad", [np.arange(4, dtype=np.int32), np.zeros(3, bool),
-                                 np.zeros(2, np.complex64), np.zeros(4, np.uint8),
-                                 np.array(["a"]), np.zeros(3, object)])
+@pytest.mark.parametrize("bad", [np.arange(4, dtype=np.int32), np.zeros(2, np.complex64),
+                                 np.zeros(4, np.uint8), np.array(["a"]), np.zeros(3, object)])
 def test_wrong_dtype_is_a_clear_error(bad):
     with pytest.raises(TypeError, match="unsupported dtype"):
         actcodec.bitmap.encode(bad)
+
+
+def test_bool_takes_the_mask_codec_not_the_bitmap():
+    with pytest.raises(TypeError, match="the bitmap codec encodes float16"):
+        actcodec.bitmap.encode(np.zeros(3, bool))
 
 
 @pytest.mark.parametrize("prune", [-1.0, float("nan"), float("inf")])
@@ -180,14 +179,16 @@ def test_env_override_bad_path_is_a_clear_error(kind):
 def test_set_simd_and_threads_errors():
     with pytest.raises(ValueError, match="unknown SIMD path"):
         actcodec.set_simd("avx9000")
-    with pytest.raises(ValueError, match="thread count"):
+    with pytest.raises(ValueError, match="threads must be an int from 1 to 1024"):
         actcodec.set_num_threads(0)
+    with pytest.raises(ValueError, match="threads must be"):
+        actcodec.bitmap.encode(np.ones(3, np.float32), threads=True)
 
 
 def test_simd_info():
     info = actcodec.simd_info()
     assert "scalar" in info["available"]
-    assert info["active"] in info["available"] and info["best"] in info["available"]
+    assert info["default"] in info["available"] and info["best"] in info["available"]
     assert info["threads"] >= 1
     if "avx2" in info["features"]:
         assert "avx2" in info["available"]

@@ -23,6 +23,8 @@ def _sample_encodings():
         actcodec.quant.encode(relu.astype(np.float32) - 0.5, 2, group_size=32),
         actcodec.quant.encode(np.where(relu > 1, np.nan, relu), 4, nonfinite="keep"),
         actcodec.bitmap_quant.encode(relu.astype(np.float16), 8, group_size=32),
+        actcodec.mask.encode(relu > 0.5),
+        actcodec.mask.encode(np.where(relu > 0.5, 2.0, 0.0).astype(np.float32)),
     ]
 
 

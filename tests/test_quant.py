@@ -14,9 +14,8 @@ BITS = [1, 2, 4, 8]
 
 @pytest.fixture(params=[True, False], ids=["bittrick", "cast"])
 def conversion(request):
-    actcodec.set_bittrick(request.param)
-    yield request.param
-    actcodec.set_bittrick(None)
+    """The code <-> float conversion, a per-call option like the path and threads."""
+    return request.param
 
 
 @st.composite
@@ -51,46 +50,37 @@ def float_arrays(draw, max_len=3000):
 GROUPS = st.sampled_from([32, 33, 100, 256, 1000, 65536, None])
 
 
-def _check(name, bits, nbits, group, rounding, seed):
+def _check(name, bits, nbits, group, rounding, seed, opts=None, bittrick=None):
+    opts = opts or {}
     x, tag = as_dtype(name, bits)
-    enc = actcodec.quant.encode(x, nbits, group_size=group, rounding=rounding, seed=seed, dtype=tag)
+    enc = actcodec.quant.encode(x, nbits, group_size=group, rounding=rounding, seed=seed,
+                                dtype=tag, bittrick=bittrick, **opts)
     codes, mins, scales = ref.quant_encode(bits, name, nbits, group, rounding, seed)
     packed = ref.quant_pack(codes, nbits) if bits.size else np.zeros(0, np.uint8)
     assert enc.buffers[0].tobytes() == packed.tobytes()
     assert enc.buffers[1].tobytes() == mins.tobytes()
     assert enc.buffers[2].tobytes() == scales.tobytes()
     want32 = ref.quant_decode(codes, mins, scales, group, bits.size)
-    got32 = enc.decode(dtype="float32").reshape(-1)
+    got32 = enc.decode(dtype="float32", **opts).reshape(-1)
     assert got32.tobytes() == want32.tobytes()
-    got = enc.decode().reshape(-1).view(bits.dtype)
+    got = enc.decode(**opts).reshape(-1).view(bits.dtype)
     assert got.tobytes() == ref.from_f32(want32, name).tobytes()
     return enc, want32
 
 
 @given(float_arrays(), st.sampled_from(BITS), GROUPS, st.sampled_from(["nearest", "stochastic"]),
        st.integers(0, 2**64 - 1))
-def test_matches_reference_every_path(path_threads, conversion, case, nbits, group, rounding, seed):
-    _check(*case, nbits, group, rounding, seed)
+def test_matches_reference_every_path(opts, conversion, case, nbits, group, rounding, seed):
+    _check(*case, nbits, group, rounding, seed, opts, conversion)
 
 
 @pytest.mark.parametrize("nbits", BITS)
 @pytest.mark.parametrize("group", [256, 1000, None])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_large_arrays_cross_threads(path_threads, nbits, group, rounding):
+def test_large_arrays_cross_threads(opts, nbits, group, rounding):
     rng = np.random.default_rng(nbits)
     x = (rng.standard_normal(300_001) * 3).astype(np.float32)
-    _check("float32", x.view(np.uint32), nbits, group, rounding, 12345)
-
-
-@pytest.mark.parametrize("nbits", [1, 8])
-@pytest.mark.parametrize("group", [256, 2048])
-@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_inputs_of_16_mib_and_more(nbits, group, rounding):
-    """From 16 MiB the encoder steps through the input in shorter tiles (csrc/quant.c,
-    encode_tile): the same math, checked against the reference over the switch."""
-    rng = np.random.default_rng(group + nbits)
-    x = (rng.standard_normal((17 << 20) // 4 + 333) * 2).astype(np.float32)
-    _check("float32", x.view(np.uint32), nbits, group, rounding, 777)
+    _check("float32", x.view(np.uint32), nbits, group, rounding, 12345, opts)
 
 
 @given(float_arrays(), st.sampled_from(BITS), GROUPS, st.sampled_from(["nearest", "stochastic"]))
@@ -170,12 +160,12 @@ def test_different_seeds_give_different_codes():
 
 
 @pytest.mark.parametrize("bad,index", [(np.nan, 5), (np.inf, 700), (-np.inf, 0)])
-def test_nonfinite_raises_with_first_index(path_threads, bad, index):
+def test_nonfinite_raises_with_first_index(opts, bad, index):
     x = np.zeros(300_000, np.float32)
     x[index] = bad
     x[200_000] = np.nan
     with pytest.raises(actcodec.NonFiniteError, match=f"element {index} ") as info:
-        actcodec.quant.encode(x, 4)
+        actcodec.quant.encode(x, 4, **opts)
     assert info.value.index == index
 
 
@@ -250,34 +240,19 @@ def test_decode_dtype_options():
 def test_all_paths_identical_bytes():
     x = np.random.default_rng(5).standard_normal(200_003).astype(np.float32)
     seen = set()
-    old = actcodec.get_simd()
-    try:
-        for path in actcodec.simd_info()["available"]:
-            for threads in (1, 2):
-                for trick in (True, False):
-                    actcodec.set_simd(path)
-                    actcodec.set_num_threads(threads)
-                    actcodec.set_bittrick(trick)
-                    for rounding in ("nearest", "stochastic"):
-                        seen.add((rounding, actcodec.quant.encode(
-                            x, 4, rounding=rounding, seed=9).to_bytes()))
-    finally:
-        actcodec.set_simd(old)
-        actcodec.set_bittrick(None)
+    for path in actcodec.simd_info()["available"]:
+        for threads in (1, 2):
+            for trick in (True, False, None):
+                for rounding in ("nearest", "stochastic"):
+                    seen.add((rounding, actcodec.quant.encode(
+                        x, 4, rounding=rounding, seed=9, threads=threads, simd=path,
+                        bittrick=trick).to_bytes()))
     assert len(seen) == 2
 
 
-def test_conversion_default_follows_the_path():
-    old = actcodec.get_simd()
-    try:
-        for path in actcodec.simd_info()["available"]:
-            actcodec.set_simd(path)
-            assert actcodec.get_bittrick() == (path == "scalar")
-        actcodec.set_bittrick(True)
-        assert actcodec.get_bittrick()
-    finally:
-        actcodec.set_simd(old)
-        actcodec.set_bittrick(None)
+def test_bad_bittrick_option():
+    with pytest.raises(ValueError, match="bittrick"):
+        actcodec.quant.encode(np.ones(10, np.float32), 4, bittrick=1)
 
 
 # ---- the combined codec and the automatic choice ----
@@ -308,35 +283,43 @@ def test_auto_picks_the_smallest_allowed():
     dense = rng.standard_normal(100_000).astype(np.float32)
     sparse = np.where(rng.random(100_000) < 0.9, 0, dense).astype(np.float32)
     assert actcodec.encode(dense).codec == "raw"          # lossless, nothing to gain
+    assert actcodec.encode(dense, keep_raw=True) is None  # the caller keeps the array
     assert actcodec.encode(sparse).codec == "bitmap"
     assert actcodec.encode(dense, bits=4).codec == "quant"
     assert actcodec.encode(sparse, bits=4).codec == "bitmap_quant"
     assert actcodec.encode(sparse, bits=8).codec == "bitmap_quant"
-    for x in (dense, sparse):
+    mask = np.where(rng.random(100_000) < 0.5, 0, 2.0).astype(np.float32)
+    assert actcodec.encode(mask).codec == actcodec.encode(mask, bits=2).codec == "mask"
+    for x in (dense, sparse, mask):
         for bits in (None, 1, 2, 4, 8):
-            sizes = actcodec.auto.sizes(x, bits)
+            sizes = actcodec.choice.sizes(x, bits)
             enc = actcodec.encode(x, bits=bits)
             assert enc.nbytes == sizes[enc.codec] == min(sizes.values())
-            assert set(sizes) == ({"raw", "bitmap"} if bits is None else
-                                  {"raw", "bitmap", "quant", "bitmap_quant"})
+            assert set(sizes) - {"mask"} == ({"raw", "bitmap"} if bits is None else
+                                             {"raw", "bitmap", "quant", "bitmap_quant"})
 
 
 def test_encode_named_codecs_and_errors():
     x = np.ones(100, np.float32)
-    for codec in ("raw", "bitmap", "quant", "bitmap_quant"):
+    for codec in ("raw", "bitmap", "mask", "quant", "bitmap_quant"):
         kw = {"bits": 4} if "quant" in codec else {}
         assert actcodec.encode(x, codec, **kw).codec == codec
     with pytest.raises(ValueError, match="lossy"):
         actcodec.encode(x, "quant")
     with pytest.raises(ValueError, match="unknown codec"):
         actcodec.encode(x, "zstd")
+    with pytest.raises(ValueError, match="prune applies to codec='bitmap'"):
+        actcodec.encode(x, "auto", prune=0.5)
+    with pytest.raises(ValueError, match="not a mask"):
+        actcodec.encode(np.arange(100, dtype=np.float32), "mask")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_c_minmax_matches_numpy(path_threads, dtype):
+def test_c_minmax_matches_numpy(opts, dtype):
     x = (np.random.default_rng(8).standard_normal(300_001) * 100).astype(dtype)
+    c = actcodec._options.resolve(opts["threads"], opts["simd"])
     mn, mx = actcodec._ext.minmax(x.view(np.uint8), {"float16": 1, "float32": 3, "float64": 4}[dtype],
-                                  x.itemsize)
+                                  x.itemsize, **c)
     assert mn == np.float32(x.min()) and mx == np.float32(x.max())
     x[123_456] = np.nan
     with pytest.raises(actcodec.NonFiniteError, match="element 123456 "):

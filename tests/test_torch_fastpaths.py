@@ -1,5 +1,5 @@
-"""The adapters' shortcuts change bytes and time, never values: the sampled density test that
-skips the bitmap pass of `auto` on dense tensors (and its C sample kernel against a numpy
+"""The shortcuts change bytes and time, never values: the sampled density test that skips the
+bitmap pass of `auto` on dense arrays and tensors (and its C sample kernel against a numpy
 reference), and the decoded tensor shared by the ops that saved the same tensor."""
 import contextlib
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from actcodec import _ext
+import actcodec
+from actcodec import _ext, choice
 
 torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
@@ -94,17 +95,20 @@ N = 1 << 18  # above the sampling threshold
 def test_dense_tensors_skip_the_bitmap_pass_and_match_the_exact_choice(bits, monkeypatch):
     x = torch.randn(N)
     setting = Setting(bits=bits, group_size=64)
-    exact = packing.pack(x, setting)  # reference: what the full count would choose
+    assert exact_choice(x, setting) == ("raw" if bits is None else "quant")
     calls = []
-    real = packing.bitmap.encode
-    monkeypatch.setattr(packing.bitmap, "encode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = choice.bitmap.encode_flat
+    monkeypatch.setattr(choice.bitmap, "encode_flat",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     packed = packing.pack(x, setting)
+    numpy_users = actcodec.encode(x.numpy(), bits=bits, group_size=64)
     assert calls == []
+    assert numpy_users.codec == exact_choice(x, setting)
     if bits is None:  # raw would be a copy of the same bytes: the tensor itself is kept
-        assert packed.meta.kind == "kept" and packed.payload[0] is x
+        assert packed.is_kept and packed.kept.data_ptr() == x.data_ptr()
     else:
-        assert packed.codec == exact.codec == "quant"
-        assert torch.equal(packed.unpack(), exact.unpack())
+        assert packed.codec == "quant"
+        assert torch.equal(packed.unpack(), torch.from_numpy(numpy_users.decode()))
 
 
 @pytest.mark.parametrize("make,codec", [
@@ -139,8 +143,9 @@ class ReluConv(nn.Module):
 def test_a_tensor_saved_twice_is_decoded_once_per_backward(monkeypatch):
     model, x = ReluConv(), torch.randn(4, 3, 32, 32)
     decodes = []
-    real = packing.Packed._unpack
-    monkeypatch.setattr(packing.Packed, "_unpack", lambda self: decodes.append(self) or real(self))
+    real = packing.Packed._restore
+    monkeypatch.setattr(packing.Packed, "_restore",
+                        lambda self: (self.is_kept or decodes.append(self)) and 0 or real(self))
     with compress_saved(Policy.preset("8bit", min_bytes=0)) as c:
         loss = model(x).square().mean()
     assert c.stats.deduplicated >= 1
@@ -164,11 +169,8 @@ def test_the_shared_decoded_tensor_is_dropped_with_its_last_use():
 
 
 def exact_choice(t: torch.Tensor, setting: Setting) -> str:
-    from actcodec import auto
-
-    nnz = int(np.count_nonzero(t.numpy().view(UINT[t.element_size()])))
-    return auto.smallest(auto.sizes_from_counts(t.numel(), nnz, t.element_size(), setting.bits,
-                                                setting.group_size))
+    """The choice the full count makes."""
+    return choice.smallest(choice.sizes(t.numpy(), setting.bits, setting.group_size))
 
 
 def dense_first_channel(batch):
@@ -195,7 +197,7 @@ def test_batch_aligned_layouts_do_not_fool_the_sample(make, bits):
     x = make()
     setting = Setting(bits=bits, group_size=64)
     packed = packing.pack(x, setting)
-    assert packed.meta.kind == "encoded" and packed.codec == exact_choice(x, setting)
+    assert packed.enc is not None and packed.codec == exact_choice(x, setting)
 
 
 @pytest.mark.parametrize("preset", [None, "lossless", "8bit"])

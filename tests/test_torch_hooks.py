@@ -80,7 +80,7 @@ def test_accounting_is_exact():
 
     def spy(t):
         p = orig_pack(t)
-        if isinstance(p, Packed) and all(p is not q for q in seen):
+        if isinstance(p, Packed) and not p.is_kept and all(p is not q for q in seen):
             seen.append(p)
         return p
     ctx._hooks = torch.autograd.graph.saved_tensors_hooks(spy, ctx._unpack)
@@ -150,15 +150,23 @@ def test_kept_tensors_are_not_compressed():
     assert ctx.stats.tensors == 0 and ctx.stats.kept > 0
 
 
-def test_bridge_roundtrip_and_errors():
-    from actcodec.torch import decode_tensor, encode_tensor
+def test_tensor_encode_roundtrip_and_errors():
+    from actcodec.torch import decode, encode
     t = torch.relu(torch.randn(3, 5, 7))[:, ::2]      # non-contiguous
-    assert torch.equal(decode_tensor(encode_tensor(t)), t)
+    enc = encode(t)
+    assert enc.is_torch and all(isinstance(b, torch.Tensor) for b in enc.buffers)
+    assert torch.equal(decode(enc), t) and torch.equal(enc.decode(), t)
+    assert torch.equal(decode(enc.numpy()), t)        # numpy buffers decode to a tensor too
     with pytest.raises(TypeError, match="dtype"):
-        encode_tensor(torch.arange(4))
-    enc = encode_tensor(torch.randn(100), "quant", bits=8)
-    assert decode_tensor(enc).dtype == torch.float32
-    assert np.abs(decode_tensor(enc).numpy()).max() < 10
+        encode(torch.arange(4))
+    enc = encode(torch.randn(100), "quant", bits=8)
+    assert decode(enc).dtype == torch.float32
+    assert np.abs(decode(enc).numpy()).max() < 10
+    out = torch.empty(10, 10).t()                     # a dense out in another memory order
+    back = decode(encode(torch.arange(100.0).view(10, 10)), out=out)
+    assert back is out and torch.equal(out.t().contiguous().view(-1), torch.arange(100.0))
+    with pytest.raises(ValueError, match="gaps"):
+        decode(encode(torch.ones(5, 5)), out=torch.empty(5, 10)[:, ::2])
 
 
 def test_no_memory_growth_over_many_steps():
@@ -215,7 +223,7 @@ def test_checkpoint_inside_the_context():
 import functools  # noqa: E402
 
 from actcodec.torch import Policy  # noqa: E402
-from actcodec.torch.models import ResNet18, ViT  # noqa: E402
+from models import ResNet18, ViT  # noqa: E402
 
 QUALITY_MODELS = {
     "cnn": (cnn, lambda: (torch.randn(8, 3, 32, 32), None)),
@@ -341,34 +349,40 @@ def test_accounting_table_per_layer():
     assert ctx.stats.compressed_bytes == sum(r.compressed_bytes for r in ctx.stats.rows.values())
 
 
+def force_device_route(monkeypatch):
+    """Every tensor the adapters encode goes through the torch-op path, CPU ones included."""
+    from actcodec import choice
+    from actcodec.torch import device, packing
+
+    def route(x, codec="auto", *, threads=None, simd=None, alloc=None, **kwargs):
+        return device.encode(x, codec, **kwargs)
+    monkeypatch.setattr(packing.choice, "encode", route)
+    return choice
+
+
 def test_device_path_matches_the_c_path(monkeypatch):
     """Tensors on other devices are packed with torch ops on that device; forced on CPU here,
     the payload bytes and the gradients equal those of the C path."""
     from actcodec.torch import packing
-    for setting in (packing.Setting(bits=None), packing.Setting(bits=8),
-                    packing.Setting(bits=2, group_size=64, rounding="stochastic", seed=5)):
-        t = torch.relu(torch.randn(3000)) - 0.1 * (torch.rand(3000) < 0.1)
-        c_path = packing.pack(t, setting)
-        dev = packing._pack_device(t, setting, tuple(t.shape), t.numel() * 4)
-        assert dev.meta.kind == "device" and dev.codec == c_path.codec
-        assert [bytes(p.numpy()) for p in dev.payload] == [bytes(p.numpy())
-                                                           for p in c_path.payload]
-        assert torch.equal(dev.unpack(), c_path.unpack())
-    from actcodec.torch import device
-    mask = torch.rand(1001) < 0.5
-    packed = device.packbits(mask)
-    assert bytes(packed.numpy()) == bytes(np.packbits(mask.numpy(), bitorder="little"))
-    assert torch.equal(device.unpackbits(packed, mask.numel()), mask)
+    settings = (packing.Setting(bits=None), packing.Setting(bits=8),
+                packing.Setting(bits=2, group_size=64, rounding="stochastic", seed=5))
+    inputs = [torch.relu(torch.randn(3000)) - 0.1 * (torch.rand(3000) < 0.1),
+              torch.randn(40, 30).t(), (torch.rand(3000) < 0.3).float() * 1.25,
+              torch.rand(5000) < 0.5]
+    c_path = [[packing.pack(t, s) for s in settings] for t in inputs]
+    force_device_route(monkeypatch)
+    for t, expected in zip(inputs, c_path):
+        for setting, want in zip(settings, expected):
+            got = packing.pack(t, setting)
+            assert got.codec == want.codec
+            assert [bytes(b.numpy()) for b in got.tensors()] == \
+                [bytes(b.numpy()) for b in want.tensors()]
+            assert torch.equal(got.unpack(), want.unpack())
 
     model, x = cnn(), torch.randn(8, 3, 32, 32)
+    monkeypatch.undo()
     expected = grads(model, x, compress_saved(bits=8, min_bytes=0))
-    real = packing._pack
-
-    def device_pack(t, setting):  # every float tensor through the device path
-        if t.is_floating_point() and setting.codec != "keep":
-            return packing._pack_device(t, setting, tuple(t.shape), t.numel() * t.element_size())
-        return real(t, setting)
-    monkeypatch.setattr(packing, "_pack", device_pack)
+    force_device_route(monkeypatch)
     ctx = compress_saved(bits=8, min_bytes=0)
     assert torch.equal(grads(model, x, ctx), expected)
     assert ctx.stats.tensors > 0

@@ -40,7 +40,6 @@ from llvmlite import binding as _llvm
 
 from . import cpu, keys, inputs
 from . import profile as _profile
-from .report import first_call_latency, format_latency, format_reduce_report, reduce_report
 
 STRATEGIES = ("auto", "tree", "atomic", "hybrid")
 SIMULATOR_STRATEGY = "hybrid"  # what "auto" runs under the CUDA simulator: its timings mean nothing
@@ -203,7 +202,6 @@ def _as_float(bits: np.ndarray, name: str) -> float:
 
 
 __all__ = [
-    "STRATEGIES", "first_call_latency", "format_latency", "format_reduce_report",
-    "group_minmax", "minmax", "profile_strategies", "reduce_report", "set_auto_strategy",
+    "STRATEGIES", "group_minmax", "minmax", "profile_strategies", "set_auto_strategy",
     "strategy_for",
 ]

@@ -7,17 +7,15 @@ Any model, no changes (saved-tensor hooks):
     loss.backward()
     print(c.stats.table())
 
+Or swap standard layers for ones whose autograd Functions save compressed inputs (`convert`).
 Needs torch (``pip install actcodec[torch]``).
 """
 from .accounting import Accounting, record
-from .bridge import decode_tensor, encode_tensor, tensor_array
 from .convert import convert, unconvert
 from .hooks import compress_saved
-from .packing import Packed, Setting, set_codec_threads
+from .packing import Packed, Setting
 from .policy import Policy
+from .tensors import decode, encode
 
-SavedStats = Accounting  # the name earlier versions used
-
-__all__ = ["Accounting", "Packed", "Policy", "SavedStats", "Setting", "compress_saved",
-           "convert", "decode_tensor", "encode_tensor", "record", "set_codec_threads",
-           "tensor_array", "unconvert"]
+__all__ = ["Accounting", "Packed", "Policy", "Setting", "compress_saved", "convert", "decode",
+           "encode", "record", "unconvert"]

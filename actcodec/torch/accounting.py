@@ -39,7 +39,7 @@ class Accounting:
         """Record one unique compressed tensor; its later decodes are timed into the row."""
         row = self._row(layer, op)
         row.tensors += 1
-        row.original_bytes += packed.meta.original_nbytes
+        row.original_bytes += packed.original_nbytes
         row.compressed_bytes += packed.nbytes
         row.encode_seconds += seconds
         row.codecs[packed.codec] = row.codecs.get(packed.codec, 0) + 1

@@ -1,40 +1,40 @@
 """The codecs in plain torch operations, on the tensor's own device (CUDA, MPS, ... or CPU).
 
-The C codecs read CPU memory only. This module produces the same format, byte for byte, with
-torch operations on whatever device the tensor lives on, and decodes it there:
+The C codecs read host memory only. This module writes the same format, byte for byte, with
+torch operations on whatever device a tensor lives on, and decodes it there. `actcodec.encode`
+sends tensors on other devices here; `encode` below also takes CPU tensors, which is how the
+tests hold this path to the C one byte for byte.
 
-    denc = actcodec.torch.device.encode(x_cuda, "quant", bits=4)   # buffers stay on the GPU
-    y = actcodec.torch.device.decode(denc)                          # a tensor on the GPU
-    denc.to_encoded().to_bytes()                                    # the C path's exact bytes
+    enc = actcodec.encode(x_cuda, bits=4)      # buffers stay on the GPU
+    y = enc.decode()                            # a tensor on the GPU
+    enc.to_bytes()                              # the C path's exact bytes
+
+Host syncs: one per encode, where the counts the codec choice needs (nonzero elements,
+whether they are one value, non-finite and huge elements) cross to the host together; none
+inside bitmap or quant, and none in decode for an encoding that knows its nonzero count.
 
 The quantization math follows csrc/quant.c and csrc/quant_scalar.c operation by operation:
 every float op is a separate float32 torch op (no fused multiply-add, no division turned into
-a multiplication by a reciprocal: divisors are always device tensors, never Python scalars).
-Byte identity therefore rests on the device's float32 add/sub/mul/div being correctly rounded
-and keeping subnormals, as IEEE 754 asks: true on CPU (unless torch.set_flush_denormal(True))
-and CUDA; not promised on MPS, whose kernels may use fast math.
-
-Non-finite input raises the C path's NonFiniteError, with the same index; nonfinite="keep"
-stores such elements in the same escape buffers as the C path.
+a multiplication by a reciprocal: divisors are device tensors, never Python scalars). Byte
+identity therefore rests on the device's float32 add/sub/mul/div being correctly rounded and
+keeping subnormals, as IEEE 754 asks: true on CPU (unless torch.set_flush_denormal(True)) and
+CUDA; not promised on MPS, whose kernels may use fast math.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from math import prod
 
 import numpy as np
 import torch
 
-from .. import _dtypes, auto, container, quant
+from .. import _dtypes, choice, container, quant
+from .tensors import NAMES, TORCH_DTYPES
 
-_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "float64": torch.float64}
-_NAMES = {v: k for k, v in _TORCH.items()}
-_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # same-size views of the bit patterns
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bit-pattern views
 _ABS = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}
 _EXPONENT = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000,
              "float64": 0x7FF0000000000000}
 _F32_MAX = float(np.finfo(np.float32).max)
+# Below this magnitude no group's float32 range (max - min) can overflow.
+_HUGE = 2.0 ** 126
 
 # Elements per step of the elementwise passes, which bounds their temporaries. Powers of two,
 # so a step never crosses a 2^32 index boundary and the hash key is constant within it. On the
@@ -42,11 +42,6 @@ _F32_MAX = float(np.finfo(np.float32).max)
 # devices want long steps to amortize kernel launches.
 _CPU_CHUNK = 1 << 14
 _DEVICE_CHUNK = 1 << 22
-
-
-def _chunk(device) -> int:
-    return _CPU_CHUNK if torch.device(device).type == "cpu" else _DEVICE_CHUNK
-
 
 # csrc/quant_common.h
 _M32 = 0xFFFFFFFF
@@ -56,104 +51,101 @@ _U24_SCALE = 2.0 ** -24
 NonFiniteError = quant.NonFiniteError
 
 
-@dataclass(frozen=True, eq=False)
-class DeviceEncoded:
-    """An encoding whose payload buffers are uint8 tensors on a device. codec, dtype, shape and
-    params are exactly those of `container.Encoded`; `to_encoded()` gives the CPU one."""
-
-    codec: str
-    dtype: str
-    shape: tuple
-    params: dict
-    buffers: tuple = field(repr=False)
-
-    @property
-    def device(self) -> torch.device:
-        return self.buffers[0].device
-
-    @property
-    def size(self) -> int:
-        return prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() for b in self.buffers)
-
-    @property
-    def original_nbytes(self) -> int:
-        return self.size * _dtypes.itemsize(self.dtype)
-
-    @property
-    def ratio(self) -> float:
-        return self.original_nbytes / self.nbytes if self.nbytes else float("inf")
-
-    def to_encoded(self) -> container.Encoded:
-        """A CPU `container.Encoded` holding copies of the buffers."""
-        bufs = tuple(b.to("cpu", copy=True).numpy() for b in self.buffers)
-        return container.Encoded(self.codec, self.dtype, tuple(self.shape), dict(self.params),
-                                 bufs)
-
-    def to_bytes(self) -> bytes:
-        return self.to_encoded().to_bytes()
-
-    def decode(self, dtype=None) -> torch.Tensor:
-        return decode(self, dtype)
-
-    @classmethod
-    def from_encoded(cls, enc: container.Encoded, device=None) -> "DeviceEncoded":
-        """Copy a CPU encoding's buffers to `device` (default CPU), after the same checks
-        `from_bytes` makes."""
-        if not isinstance(enc, container.Encoded):
-            raise TypeError(f"from_encoded needs a container.Encoded, got {type(enc).__name__}")
-        container.CODECS[enc.codec].validate(enc)
-        bufs = tuple(torch.from_numpy(np.array(b, dtype=np.uint8, copy=True)).to(device)
-                     for b in enc.buffers)
-        return cls(enc.codec, enc.dtype, tuple(enc.shape), dict(enc.params), bufs)
+def _chunk(device) -> int:
+    return _CPU_CHUNK if torch.device(device).type == "cpu" else _DEVICE_CHUNK
 
 
 # ---- encoding ----
 
 def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
            group_size: int | None = 256, rounding: str = "nearest", seed: int = 0,
-           nonfinite: str = "raise", prune: float = 0.0) -> DeviceEncoded:
-    """Encode a tensor on its own device; codecs and parameters as `actcodec.encode`."""
+           nonfinite: str = "raise", prune: float = 0.0,
+           keep_raw: bool = False) -> container.Encoded | None:
+    """Encode a tensor with torch ops on its own device; codecs and parameters as
+    `actcodec.encode`. Returns None for a raw choice when keep_raw."""
+    p = choice.check(codec, bits, group_size, rounding, nonfinite, seed, prune)
     flat, name = _flat_bits(t)
     shape = tuple(int(d) for d in t.shape)
+    n, es = flat.numel(), flat.element_size()
+    survey = None
+    if codec != "raw":
+        survey = _survey(flat, name)
     if codec == "auto":
-        nnz = int(torch.count_nonzero(flat))
-        codec = auto.smallest(auto.sizes_from_counts(flat.numel(), nnz, flat.element_size(),
-                                                     bits, group_size))
+        if name == "bool":
+            codec = "mask"
+        else:
+            codec = choice.smallest(choice.sizes_from_counts(
+                n, survey["nnz"], es, bits, group_size, survey["one_value"]))
+    container.CODECS[codec]  # a known codec (check() said so)
+    _dtypes.require(name, container.CODECS[codec].DTYPES, codec)
     if codec == "raw":
-        return DeviceEncoded("raw", name, shape, {}, (_bytes(flat.clone()),))
-    if codec == "bitmap":
+        if keep_raw:
+            return None
+        return container.Encoded("raw", name, shape, {}, (_bytes(flat.clone()),))
+    nnz = survey["nnz"]
+    if codec == "bitmap" and prune:
         thr = _dtypes.prune_abs_bits(prune, name)
-        bitmap, values = _bitmap_encode(flat, thr)
-        return DeviceEncoded("bitmap", name, shape, {"prune": float(prune)},
-                             (bitmap, _bytes(values)))
-    if codec in ("quant", "bitmap_quant"):
-        if bits is None:
-            raise ValueError(f"codec {codec!r} is lossy: pass bits=1, 2, 4 or 8")
-        p = quant.check_params(bits, group_size, rounding, nonfinite, seed)
-        if codec == "quant":
-            bufs = _quantize(flat, name, p)
-        else:  # the bitmap, then the nonzero values quantized as a 1-D array
-            bitmap, values = _bitmap_encode(flat, 0)
-            bufs = [bitmap, *_quantize(values, name, p)]
-        return DeviceEncoded(codec, name, shape, p, tuple(bufs))
-    raise ValueError(f"unknown codec {codec!r}; choose auto, raw, bitmap, quant or bitmap_quant")
+        keep = (flat & _ABS[es]) >= thr
+        nnz = int(keep.sum())  # pruning changes the count: the one read of this call
+        bm, values = _packbits(keep), _compact(flat, keep, nnz)
+        return container.Encoded("bitmap", name, shape, {"prune": float(prune)},
+                                 (bm, _bytes(values)), nnz)
+    nz = flat != 0
+    bm = _packbits(nz)
+    if codec == "bitmap":
+        return container.Encoded("bitmap", name, shape, {"prune": 0.0},
+                                 (bm, _bytes(_compact(flat, nz, nnz))), nnz)
+    if codec == "mask":
+        if nnz and not survey["one_value"]:
+            raise ValueError("not a mask: its nonzero elements differ (use bitmap)")
+        value = torch.ones(1, dtype=torch.uint8, device=flat.device) if name == "bool" else \
+            _bytes(flat[_first_nonzero(nz)].reshape(1) * (nnz > 0))
+        return container.Encoded("mask", name, shape, {}, (bm, value), nnz)
+    if codec == "quant":
+        return container.Encoded("quant", name, shape, p,
+                                 tuple(_quantize(flat, name, p, survey)))
+    values = _compact(flat, nz, nnz)
+    qbufs = _quantize(values, name, p, survey)
+    return container.Encoded("bitmap_quant", name, shape, p, (bm, *qbufs), nnz)
 
 
 def _flat_bits(t) -> tuple[torch.Tensor, str]:
     """A flat, contiguous integer view of the element bits, and the dtype name."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _NAMES:
+    if t.dtype not in NAMES:
         raise TypeError(f"unsupported tensor dtype {t.dtype}; actcodec encodes float16, "
-                        f"bfloat16, float32 and float64")
-    flat = t.detach().resolve_neg().reshape(-1)  # copies only when not contiguous
+                        f"bfloat16, float32, float64 and (raw, mask) bool")
+    flat = t.detach().resolve_neg().resolve_conj().reshape(-1)  # copies only if strided
     if flat.numel() and flat.stride(0) != 1:  # one element may carry any stride
         flat = flat.clone(memory_format=torch.contiguous_format)
-    return flat.view(_INT[flat.element_size()]), _NAMES[t.dtype]
+    return flat.view(_INT[flat.element_size()]), NAMES[t.dtype]
+
+
+def _survey(flat: torch.Tensor, name: str) -> dict:
+    """Everything the choice and the codecs need from the host, in one read: the nonzero
+    count, whether the nonzero elements are one value, and (floats) how many elements are
+    non-finite for quantization and whether any is large enough for a group range to
+    overflow."""
+    nz = flat != 0
+    nnz = nz.sum()
+    first = flat[_first_nonzero(nz)] if flat.numel() else flat.new_zeros(())
+    one = ((flat == first) | ~nz).all() & (nnz > 0)
+    counts = [nnz, one]
+    if name != "bool":
+        bad = _nonfinite_mask(flat, name)
+        huge = (flat.view(TORCH_DTYPES[name]).abs() >= _HUGE) & ~bad
+        counts += [bad.sum(), huge.any()]
+    got = torch.stack([c.to(torch.int64) for c in counts]).tolist()
+    out = {"nnz": got[0], "one_value": bool(got[1])}
+    if name != "bool":
+        out.update(bad=got[2], huge=bool(got[3]))
+    return out
+
+
+def _first_nonzero(nz: torch.Tensor) -> torch.Tensor:
+    """Index of the first True (0 if none), on the device."""
+    return nz.to(torch.uint8).argmax()
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -163,11 +155,12 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-def _bitmap_encode(flat: torch.Tensor, thr: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bitmap bytes, nonzero bit patterns). Nonzero is decided on the bits, as in C; with a
-    prune threshold, on the magnitude bits (sign masked, so the compare is unsigned-safe)."""
-    nz = (flat & _ABS[flat.element_size()]) >= thr if thr else flat != 0
-    return _packbits(nz), flat[nz]
+def _compact(flat: torch.Tensor, keep: torch.Tensor, count: int) -> torch.Tensor:
+    """flat[keep] with the count known: no host sync (boolean indexing would need one)."""
+    out = torch.empty(count + 1, dtype=flat.dtype, device=flat.device)
+    pos = torch.cumsum(keep, 0) - 1
+    out.scatter_(0, torch.where(keep, pos, count), flat)  # the rest land in a spare slot
+    return out[:count]
 
 
 def _packbits(mask: torch.Tensor) -> torch.Tensor:
@@ -175,7 +168,7 @@ def _packbits(mask: torch.Tensor) -> torch.Tensor:
     n = mask.numel()
     nb = (n + 7) // 8
     padded = torch.zeros(nb * 8, dtype=torch.uint8, device=mask.device)
-    padded[:n] = mask
+    padded[:n] = mask.reshape(-1)
     rows = padded.view(nb, 8)
     out = rows[:, 0].clone()
     for i in range(1, 8):
@@ -197,16 +190,18 @@ def _nonfinite_mask(flat: torch.Tensor, name: str) -> torch.Tensor:
     return mask
 
 
-def _quantize(flat: torch.Tensor, name: str, p: dict) -> list:
+def _quantize(flat: torch.Tensor, name: str, p: dict, survey: dict) -> list:
     """quant.quantize_flat on the device: [packed, mins, scales] (+ escape indices, values)."""
     escapes = []
-    if p["nonfinite"] == "keep":
+    if survey["bad"] and p["nonfinite"] == "keep":
         mask = _nonfinite_mask(flat, name)
-        if bool(mask.any()):
-            idx = mask.nonzero().view(-1)  # int64 = uint64 here: indices are non-negative
-            escapes = [_bytes(idx), _bytes(flat[idx])]
-            flat = flat.masked_fill(mask, 0)
-    codes, mins, scales = _quant_codes(flat.view(_TORCH[name]), p)
+        idx = torch.nonzero_static(mask, size=survey["bad"]).view(-1)
+        escapes = [_bytes(idx), _bytes(flat[idx])]
+        flat = flat.masked_fill(mask, 0)
+    # Only where the survey saw a non-finite (still there) or huge element can a group be
+    # bad: then, and only then, the scales are checked on the host.
+    check = survey["huge"] or (survey["bad"] > 0 and p["nonfinite"] == "raise")
+    codes, mins, scales = _quant_codes(flat.view(TORCH_DTYPES[name]), p, check)
     return [_pack(codes, p["bits"]), _bytes(mins), _bytes(scales), *escapes]
 
 
@@ -220,9 +215,10 @@ def _f32(x, device) -> torch.Tensor:
     return torch.full((), x, dtype=torch.float32, device=device)
 
 
-def _quant_codes(x: torch.Tensor, p: dict):
+def _quant_codes(x: torch.Tensor, p: dict, check: bool):
     """Unpacked codes (uint8), mins and scales (float32) of a flat float tensor, as
-    csrc/quant.c computes them."""
+    csrc/quant.c computes them. check: some group may be bad (a NaN/inf, or a range beyond
+    float32), so look, and raise the C path's error."""
     n, dev = x.numel(), x.device
     levels = (1 << p["bits"]) - 1
     codes = torch.empty(n, dtype=torch.uint8, device=dev)
@@ -234,23 +230,19 @@ def _quant_codes(x: torch.Tensor, p: dict):
     # +0.0 makes a zero extreme +0.0 whichever sign it had, as in range_minmax.
     mn, mx = lo + 0.0, hi + 0.0
     scale = (mx - mn) / _f32(levels, dev)
-    # A NaN/inf element makes its group's min or max (amin/amax propagate NaN), hence its
-    # scale, non-finite; so does a range beyond float32. Either is the C path's error.
-    bad = ~torch.isfinite(scale)
-    if bool(bad.any()):
-        raise NonFiniteError(_first_bad_index(x, int(bad.nonzero()[0]), G))
+    if check:  # NaN/inf make their group's scale NaN, and so does a range beyond float32
+        bad = ~torch.isfinite(scale)
+        if bool(bad.any()):
+            raise NonFiniteError(_first_bad_index(x, int(bad.nonzero()[0]), G))
     inv = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
     divide = torch.isinf(inv)  # 1/scale overflows: such groups divide by scale instead
-    any_divide = bool(divide.any())
     stochastic = p["rounding"] == "stochastic"
     step = _chunk(dev)
     for c0 in range(0, n, step):
         c1 = min(n, c0 + step)
         g = torch.arange(c0, c1, device=dev) // G
         d = x[c0:c1].to(torch.float32) - mn[g]
-        t = d * inv[g]
-        if any_divide:
-            t = torch.where(divide[g], d / scale[g], t)
+        t = torch.where(divide[g], d / scale[g], d * inv[g])
         t = torch.floor(t + _uniform(p["seed"], c0, c1, dev)) if stochastic else torch.round(t)
         codes[c0:c1] = t.clamp_max_(levels)  # exact small integers: the cast is exact
     return codes, mn, scale
@@ -346,78 +338,62 @@ def _unpack(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
 
 # ---- decoding ----
 
-def decode(denc: DeviceEncoded, dtype=None) -> torch.Tensor:
-    """Decode into a new tensor on the payload's device, of the encoded dtype or (quantized
-    codecs) float32. Agrees bit for bit with `container.Encoded.decode`."""
-    if isinstance(denc, container.Encoded):
-        raise TypeError("decode needs a DeviceEncoded; wrap a CPU encoding with "
-                        "DeviceEncoded.from_encoded(enc, device)")
-    if not isinstance(denc, DeviceEncoded):
-        raise TypeError(f"decode needs a DeviceEncoded, got {type(denc).__name__}")
-    if denc.codec not in container.CODECS:
-        raise ValueError(f"unknown codec {denc.codec!r}")
-    target = _target_name(denc, dtype)
-    bufs = _check_buffers(denc)
-    n, es = denc.size, _dtypes.itemsize(denc.dtype)
-    out_int = _INT[_dtypes.itemsize(target)]  # bit patterns of the output dtype
-    if denc.codec == "raw":
-        out = _view(bufs[0].clone(), out_int)
-    elif denc.codec == "quant":
-        out = _dequantize(bufs, n, denc.dtype, target, denc.params).view(out_int)
-    else:  # bitmap codecs: zeros, then the values where the bitmap says
-        mask = _unpackbits(bufs[0], n)
-        nnz = int(mask.sum())
-        if denc.codec == "bitmap":
-            if bufs[1].numel() != nnz * es:
-                raise ValueError(f"bitmap marks {nnz} nonzero elements but the values buffer "
-                                 f"holds {bufs[1].numel() // es}")
-            values = _view(bufs[1], _INT[es])
-        else:
-            values = _dequantize(bufs[1:], nnz, denc.dtype, target, denc.params).view(out_int)
-        out = torch.zeros(n, dtype=values.dtype, device=values.device)
-        out[mask] = values
-    if out.numel() == 0:
-        return torch.empty(denc.shape, dtype=_TORCH[target], device=out.device)
-    return out.view(_TORCH[target]).reshape(denc.shape)
-
-
-def _target_name(denc: DeviceEncoded, dtype) -> str:
-    if dtype is None:
-        target = denc.dtype
-    elif isinstance(dtype, torch.dtype):
-        if dtype not in _NAMES:
-            raise TypeError(f"unsupported dtype {dtype}")
-        target = _NAMES[dtype]
+def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
+    """Decode a torch-buffered encoding into `out`, a contiguous tensor of the target dtype
+    on the buffers' device (actcodec.torch.tensors.decode checks it). Agrees bit for bit with
+    the C path."""
+    bufs = _check_buffers(enc)
+    n, es = enc.size, _dtypes.itemsize(enc.dtype)
+    flat_out = out.view(-1).view(_INT[_dtypes.itemsize(target)])
+    if n == 0:
+        return
+    if enc.codec == "raw":
+        flat_out.copy_(_view(bufs[0], flat_out.dtype))
+        return
+    if enc.codec == "quant":
+        flat_out.copy_(_dequantize(bufs, n, enc.dtype, target, enc.params).view(flat_out.dtype))
+        return
+    mask = _unpackbits(bufs[0], n)
+    nnz = container.bitmap_nnz(enc, bufs[0])
+    if enc.codec == "mask":
+        value = _view(bufs[1], flat_out.dtype)
+        flat_out.copy_(torch.where(mask, value, torch.zeros_like(value)))
+        return
+    if enc.codec == "bitmap":
+        if bufs[1].numel() != nnz * es:
+            raise ValueError(f"bitmap marks {nnz} nonzero elements but the values buffer "
+                             f"holds {bufs[1].numel() // es}")
+        values = _view(bufs[1], _INT[es])
     else:
-        target = _dtypes.canonical_name(dtype)
-    to_f32 = getattr(container.CODECS[denc.codec], "DECODES_TO_FLOAT32", False)
-    if target != denc.dtype and not (target == "float32" and to_f32):
-        allowed = denc.dtype + (" or float32" if to_f32 else "")
-        raise ValueError(f"a {denc.codec} encoding of {denc.dtype} decodes to {allowed}, "
-                         f"not {target}")
-    return target
+        values = _dequantize(bufs[1:], nnz, enc.dtype, target, enc.params).view(flat_out.dtype)
+    if nnz == 0:
+        flat_out.zero_()
+        return
+    pos = (torch.cumsum(mask, 0) - 1).clamp_(min=0)  # a gather: no host sync
+    flat_out.copy_(torch.where(mask, values[pos], torch.zeros((), dtype=values.dtype,
+                                                              device=values.device)))
 
 
-def _check_buffers(denc: DeviceEncoded) -> tuple:
-    """Buffer types, devices and lengths (cheap checks; `from_encoded` validates fully)."""
-    bufs = tuple(denc.buffers)
+def _check_buffers(enc: container.Encoded) -> tuple:
+    """Buffer types, devices and lengths (cheap checks; container.validate checks fully)."""
+    bufs = tuple(enc.buffers)
     if not bufs or not all(isinstance(b, torch.Tensor) and b.dtype == torch.uint8
                            and b.dim() == 1 and b.device == bufs[0].device for b in bufs):
-        raise TypeError("DeviceEncoded buffers must be 1-D uint8 tensors on one device")
-    n, es = denc.size, _dtypes.itemsize(denc.dtype)
-    if denc.codec == "raw":
-        if len(bufs) != 1 or bufs[0].numel() != n * es:
-            raise ValueError(f"a raw encoding needs one buffer of {n * es} bytes")
-    elif denc.codec == "bitmap":
-        if len(bufs) != 2 or bufs[0].numel() != (n + 7) // 8:
-            raise ValueError(f"a bitmap encoding needs 2 buffers, the first of {(n + 7) // 8} "
-                             f"bytes")
-    elif denc.codec == "bitmap_quant":
-        if len(bufs) not in (4, 6) or bufs[0].numel() != (n + 7) // 8:
-            raise ValueError(f"a bitmap_quant encoding needs 4 or 6 buffers, the first of "
-                             f"{(n + 7) // 8} bytes")
-    elif len(bufs) not in (3, 5):
-        raise ValueError(f"a quant encoding needs 3 or 5 buffers, has {len(bufs)}")
+        raise TypeError("an encoding's tensor buffers must be 1-D uint8 tensors on one device")
+    n, es = enc.size, _dtypes.itemsize(enc.dtype)
+    nb = (n + 7) // 8
+    counts = {"raw": (1,), "bitmap": (2,), "mask": (2,), "quant": (3, 5),
+              "bitmap_quant": (4, 6)}[enc.codec]
+    if len(bufs) not in counts:
+        raise ValueError(f"a {enc.codec} encoding needs {' or '.join(map(str, counts))} "
+                         f"buffers, has {len(bufs)}")
+    if enc.codec == "raw" and bufs[0].numel() != n * es:
+        raise ValueError(f"a raw encoding needs one buffer of {n * es} bytes")
+    if enc.codec in ("bitmap", "mask", "bitmap_quant") and bufs[0].numel() != nb:
+        raise ValueError(f"a {enc.codec} encoding's bitmap has {nb} bytes, not "
+                         f"{bufs[0].numel()}")
+    if enc.codec == "mask" and bufs[1].numel() != es:
+        raise ValueError(f"a mask's value is one element ({es} bytes)")
     return bufs
 
 
@@ -441,7 +417,7 @@ def _dequantize(bufs, n: int, name: str, out_name: str, p: dict) -> torch.Tensor
         raise ValueError(f"packed codes, mins or scales do not match {n} {bits}-bit codes in "
                          f"{ng} groups")
     dev = packed.device
-    out = torch.empty(n, dtype=_TORCH[out_name], device=dev)
+    out = torch.empty(n, dtype=TORCH_DTYPES[out_name], device=dev)
     if n:
         codes = _unpack(packed, n, bits)
         mn, sc = _view(mins, torch.float32), _view(scales, torch.float32)
@@ -457,8 +433,6 @@ def _dequantize(bufs, n: int, name: str, out_name: str, p: dict) -> torch.Tensor
         if bufs[3].numel() % 8 or bufs[4].numel() != bufs[3].numel() // 8 * es:
             raise ValueError("escape indices and values do not match in count")
         idx = _view(bufs[3], torch.int64)
-        if idx.numel() and not (0 <= int(idx.min()) and int(idx.max()) < n):
-            raise ValueError("escape indices must be below the size")
         out.view(_INT[oes])[idx] = _escape_bits(_view(bufs[4], _INT[es]), name, out_name)
     return out
 
@@ -487,8 +461,3 @@ def _escape_bits(vals: torch.Tensor, name: str, out_name: str) -> torch.Tensor:
         out = torch.where(is_nan, by_bits, cast & _M32)
     # uint32 values into int32 bit patterns without relying on overflowing casts
     return torch.where(out >= 1 << 31, out - (1 << 32), out).to(torch.int32)
-
-
-# Bit-packing of bool masks on the device (the hooks' and Functions' 1-bit masks).
-packbits = _packbits
-unpackbits = _unpackbits

@@ -59,7 +59,7 @@ class compress_saved:
         self._names = ({id(m): n or type(m).__name__ for n, m in model.named_modules()}
                        if model is not None else {})
         self._stack: list = []
-        # (data_ptr, offset, shape, stride, version) -> (tensor ref, packed ref)
+        # (storage, offset, shape, stride, version, device) -> (tensor ref, packed ref)
         self._seen: dict = {}
         self._handles: list = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -105,8 +105,7 @@ class compress_saved:
         return "other", layer
 
     def _pack(self, t: torch.Tensor):
-        if ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)
-                or t.is_complex()):
+        if (t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter):
             return self._keep(t)
         nbytes = t.numel() * t.element_size()
         if nbytes < self.policy.min_bytes:  # what policy.setting would say, without the lookups
@@ -123,46 +122,24 @@ class compress_saved:
                 return packed
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, nbytes)
-        if setting.codec == "keep":
-            return self._keep(t)
         t0 = time.perf_counter()
-        packed = packing.pack(t.detach(), setting)
-        if packed.meta.kind == "kept":
-            return self._keep(t)
+        packed = packing.pack(t, setting)
+        if packed.is_kept:
+            return self._keep(t, packed)
         self.stats.add(layer, op, packed, time.perf_counter() - t0)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
 
-    def _keep(self, t: torch.Tensor) -> "Kept":
+    def _keep(self, t: torch.Tensor, packed: packing.Packed | None = None) -> packing.Packed:
+        """The tensor as it is, with its version at save time: autograd checks the versions
+        of what it saves itself, not of what a pack hook returns; without this, an in-place
+        change between forward and backward that plain PyTorch refuses would give wrong
+        gradients silently."""
         self.stats.kept += 1
-        return Kept(t)
+        return packed if packed is not None else packing.keep(t)
 
     @staticmethod
     def _unpack(packed):
-        if isinstance(packed, Kept):
-            return packed.check()
         if not isinstance(packed, packing.Packed):
             return packed
         return packed.unpack()
-
-
-class Kept:
-    """A save the hooks keep as it is, with its version at save time. Autograd checks the
-    versions of what it saves itself, not of what a pack hook returns; without this, an
-    in-place change between forward and backward that plain PyTorch refuses would give
-    wrong gradients silently."""
-
-    __slots__ = ("tensor", "version")
-
-    def __init__(self, t: torch.Tensor):
-        self.tensor, self.version = t, t._version
-
-    def check(self) -> torch.Tensor:
-        t = self.tensor
-        if t._version != self.version:
-            raise RuntimeError(
-                f"one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{t.dtype} {list(t.shape)}] is at version {t._version}; "
-                f"expected version {self.version} instead (a tensor actcodec kept "
-                f"uncompressed; plain PyTorch raises the same error)")
-        return t

@@ -45,7 +45,8 @@ class Policy:
     the bits allow per tensor by its density (k-bit dense, bitmap + k-bit nonzeros, bitmap,
     raw), or name one. rounding "stochastic" draws from a seed that changes every step
     (`next_step()`) and every tensor. overrides: {op kind or layer pattern: dict of Setting
-    fields, or None to keep those tensors uncompressed}.
+    fields, or None to keep those tensors uncompressed}. threads: the codec's threads per
+    call (None: torch.get_num_threads() at that moment).
     """
 
     bits: int | None = 8
@@ -57,10 +58,12 @@ class Policy:
     sensitive: tuple = SENSITIVE
     overrides: dict = field(default_factory=dict)
     min_bytes: int = 16 * 1024
+    threads: int | None = None
     step: int = 0
 
     def __post_init__(self):
-        self._base = Setting(self.codec, self.bits, self.group_size, self.rounding)
+        self._base = Setting(self.codec, self.bits, self.group_size, self.rounding,
+                             threads=self.threads)
         if self.sensitive_bits is not None:
             Setting(bits=self.sensitive_bits)  # validates
         for key, value in self.overrides.items():

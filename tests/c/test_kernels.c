@@ -6,8 +6,9 @@
  *   reads (src, bitmap, vals) are allocated at their exact size so ASan catches over-reads;
  *   buffers it writes are surrounded by canary bytes (out may take AC_BITMAP_SLACK bytes past
  *   the packed values, the bitmap and dst nothing past their end).
- * Part 2: the public driver API (dispatch, threads, ac_bitmap_*) on large arrays for every
- *   available ISA and thread count, including its rejection of corrupt input.
+ * Part 2: the public driver API (per-call options, defaults, ac_bitmap_*, ac_mask_decode) on
+ *   large arrays for every available ISA and thread count, including its rejection of
+ *   corrupt input and of bad options.
  *
  * Prints "N passed, M failed" (test cases) last; exits 1 on any failure. */
 #include <inttypes.h>
@@ -16,8 +17,6 @@
 #include <string.h>
 #include "actcodec.h"
 #include "kernels.h"
-#include "stream.h"
-#include "first_touch.h"
 
 #define HARNESS_SEED 0x243F6A8885A308D3ull
 #include "harness.h"
@@ -317,27 +316,59 @@ static void sample_tests(void) {
 
 /* ---- public driver API ---- */
 
+static ac_options opts(int isa, int threads) {
+    ac_options o = AC_OPTIONS_DEFAULT;
+    o.isa = isa;
+    o.threads = threads;
+    return o;
+}
+
 static void api_argument_tests(void) {
     size_t nnz = 7;
     uint8_t bm[1] = {0};
     uint16_t x[1] = {0}, v[1] = {0};
-    report(ac_bitmap_encode(x, 1, 3, 0, bm, v, &nnz) == AC_EINVAL, "encode esize 3 -> EINVAL");
-    report(ac_bitmap_decode(bm, v, 0, 1, 16, x) == AC_EINVAL, "decode esize 16 -> EINVAL");
-    report(ac_bitmap_encode(x, 0, 2, 0, bm, v, &nnz) == AC_OK && nnz == 0, "encode n=0");
-    report(ac_bitmap_decode(bm, v, 0, 0, 2, x) == AC_OK, "decode n=0");
-    report(ac_bitmap_decode(bm, v, 1, 0, 2, x) == AC_ECORRUPT, "decode n=0 nnz=1 -> ECORRUPT");
-    report(ac_bitmap_decode(bm, v, 2, 1, 2, x) == AC_ECORRUPT, "decode nnz > n -> ECORRUPT");
-    report(ac_set_num_threads(0) == AC_EINVAL, "set_num_threads(0) -> EINVAL");
-    report(ac_set_isa(AC_ISA_COUNT) == AC_EUNSUPPORTED, "set_isa(out of range)");
+    report(ac_bitmap_encode(x, 1, 3, 0, bm, v, &nnz, NULL) == AC_EINVAL, "encode esize 3 -> EINVAL");
+    report(ac_bitmap_decode(bm, v, 0, 1, 16, x, NULL) == AC_EINVAL, "decode esize 16 -> EINVAL");
+    report(ac_bitmap_encode(x, 0, 2, 0, bm, v, &nnz, NULL) == AC_OK && nnz == 0, "encode n=0");
+    report(ac_bitmap_decode(bm, v, 0, 0, 2, x, NULL) == AC_OK, "decode n=0");
+    report(ac_bitmap_decode(bm, v, 1, 0, 2, x, NULL) == AC_ECORRUPT, "decode n=0 nnz=1 -> ECORRUPT");
+    report(ac_bitmap_decode(bm, v, 2, 1, 2, x, NULL) == AC_ECORRUPT, "decode nnz > n -> ECORRUPT");
+    report(ac_mask_decode(bm, 1, v, 3, x, NULL) == AC_EINVAL, "mask decode esize 3 -> EINVAL");
+    report(ac_mask_decode(bm, 0, NULL, 2, NULL, NULL) == AC_OK, "mask decode n=0");
     report(ac_bitmap_nbytes(0) == 0 && ac_bitmap_nbytes(1) == 1 && ac_bitmap_nbytes(8) == 1 &&
                ac_bitmap_nbytes(9) == 2, "ac_bitmap_nbytes");
+    /* Options out of range are refused by every entry point before anything is written. */
+    ac_options bad[5] = {opts(AC_ISA_DEFAULT, -1), opts(AC_ISA_DEFAULT, 1025),
+                         opts(AC_ISA_COUNT, 0), opts(-2, 0), opts(AC_ISA_DEFAULT, 0)};
+    bad[4].bittrick = 2;
+    for (int i = 0; i < 5; i++) {
+        nnz = 7;
+        report(ac_bitmap_encode(x, 1, 2, 0, bm, v, &nnz, &bad[i]) == AC_EINVAL && nnz == 7,
+               "encode with bad options %d -> EINVAL", i);
+        report(ac_bitmap_decode(bm, v, 0, 1, 2, x, &bad[i]) == AC_EINVAL,
+               "decode with bad options %d -> EINVAL", i);
+        report(ac_bitmap_count(bm, 1, &nnz, &bad[i]) == AC_EINVAL, "count with bad options %d", i);
+        report(ac_mask_decode(bm, 1, v, 2, x, &bad[i]) == AC_EINVAL, "mask with bad options %d", i);
+    }
+    for (int isa = 0; isa < AC_ISA_COUNT; isa++) {
+        if (ac_isa_available(isa)) continue;
+        ac_options o = opts(isa, 0);
+        report(ac_bitmap_encode(x, 1, 2, 0, bm, v, &nnz, &o) == AC_EUNSUPPORTED,
+               "encode on unavailable %s -> EUNSUPPORTED", ac_isa_name(isa));
+        report(ac_set_default_isa(isa) == AC_EUNSUPPORTED, "default %s -> EUNSUPPORTED",
+               ac_isa_name(isa));
+    }
+    report(ac_set_default_threads(0) == AC_EINVAL && ac_set_default_threads(1025) == AC_EINVAL,
+           "default threads out of range -> EINVAL");
+    report(ac_set_default_isa(AC_ISA_COUNT) == AC_EUNSUPPORTED, "default isa out of range");
 }
 
 /* Decode must refuse a bitmap/count mismatch without touching dst. */
 static void expect_corrupt(const uint8_t *bm, const unsigned char *vals, size_t nnz, size_t n,
-                           int es, unsigned char *dst, const char *what, const char *ctx) {
+                           int es, unsigned char *dst, const ac_options *o, const char *what,
+                           const char *ctx) {
     memset(dst, CANARY, n * es);
-    int rc = ac_bitmap_decode(bm, vals, nnz, n, es, dst);
+    int rc = ac_bitmap_decode(bm, vals, nnz, n, es, dst, o);
     report(rc == AC_ECORRUPT && canary_ok(dst, n * es), "api %s: %s -> %d, want ECORRUPT",
            ctx, what, rc);
 }
@@ -364,30 +395,27 @@ static void api_roundtrip(int es, size_t n, uint64_t thr) {
     unsigned char *vals = xmalloc(bytes), *dst = xmalloc(bytes);
     for (int t = 0; t < n_isas; t++) {
         const int isa = isas[t].isa;
-        report(ac_set_isa(isa) == AC_OK && ac_active_isa() == isa, "ac_set_isa(%s)",
-               ac_isa_name(isa));
         for (int threads = 1; threads <= 2; threads++) {
             char ctx[96];
             snprintf(ctx, sizeof ctx, "isa=%s threads=%d es=%d n=%zu thr=0x%" PRIx64,
                      ac_isa_name(isa), threads, es, n, thr);
-            report(ac_set_num_threads(threads) == AC_OK && ac_get_num_threads() == threads,
-                   "api %s: set_num_threads", ctx);
+            const ac_options o = opts(isa, threads);
 
             size_t nnz = 0;
-            int rc = ac_bitmap_encode(src, n, es, thr, bm, vals, &nnz);
+            int rc = ac_bitmap_encode(src, n, es, thr, bm, vals, &nnz, &o);
             report(rc == AC_OK && nnz == want_nnz && memcmp(bm, want_bm, nb) == 0 &&
                        memcmp(vals, want_vals, nnz * es) == 0,
                    "api %s: encode rc=%d nnz=%zu want %zu", ctx, rc, nnz, want_nnz);
 
             size_t counted = 0;
-            rc = ac_bitmap_count(bm, n, &counted);
+            rc = ac_bitmap_count(bm, n, &counted, &o);
             report(rc == AC_OK && counted == want_nnz, "api %s: count rc=%d", ctx, rc);
 
             /* Values in a buffer of exactly nnz elements. */
             unsigned char *exact = xmalloc(want_nnz * es);
             memcpy(exact, want_vals, want_nnz * es);
             memset(dst, CANARY, bytes);
-            rc = ac_bitmap_decode(want_bm, exact, want_nnz, n, es, dst);
+            rc = ac_bitmap_decode(want_bm, exact, want_nnz, n, es, dst, &o);
             report(rc == AC_OK && memcmp(dst, want_dec, bytes) == 0, "api %s: decode rc=%d",
                    ctx, rc);
 
@@ -396,14 +424,15 @@ static void api_roundtrip(int es, size_t n, uint64_t thr) {
             memcpy(bad, want_bm, nb);
             size_t bit = rnd() % n;
             bad[bit / 8] ^= (uint8_t)(1u << (bit % 8));
-            expect_corrupt(bad, exact, want_nnz, n, es, dst, "flipped bitmap bit", ctx);
+            expect_corrupt(bad, exact, want_nnz, n, es, dst, &o, "flipped bitmap bit", ctx);
             memcpy(bad, want_bm, nb);
-            expect_corrupt(bad, exact, want_nnz + 1, n, es, dst, "nnz + 1", ctx);
-            if (want_nnz > 0) expect_corrupt(bad, exact, want_nnz - 1, n, es, dst, "nnz - 1", ctx);
+            expect_corrupt(bad, exact, want_nnz + 1, n, es, dst, &o, "nnz + 1", ctx);
+            if (want_nnz > 0)
+                expect_corrupt(bad, exact, want_nnz - 1, n, es, dst, &o, "nnz - 1", ctx);
             if (n % 8) {
                 bad[nb - 1] |= 0x80;
-                expect_corrupt(bad, exact, want_nnz + 1, n, es, dst, "padding bit set", ctx);
-                rc = ac_bitmap_count(bad, n, &counted);
+                expect_corrupt(bad, exact, want_nnz + 1, n, es, dst, &o, "padding bit set", ctx);
+                rc = ac_bitmap_count(bad, n, &counted, &o);
                 report(rc == AC_ECORRUPT, "api %s: count with padding bit -> %d", ctx, rc);
             }
             free(bad);
@@ -419,190 +448,80 @@ static void api_roundtrip(int es, size_t n, uint64_t thr) {
     free(src);
 }
 
-/* Memory of its own for large outputs: zeroed, writable to the last byte, freed whole. */
-static void pages_tests(void) {
-    report(ac_alloc_pages(0) == NULL, "ac_alloc_pages(0) is NULL");
-    static const size_t sizes[] = {1, 4095, 4096, (2u << 20) + 3, 5u << 20};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        size_t n = sizes[i];
-        unsigned char *p = ac_alloc_pages(n);
-        int zero = p != NULL;
-        for (size_t j = 0; zero && j < n; j += 997) zero = p[j] == 0;
-        report(zero && p[n - 1] == 0, "ac_alloc_pages(%zu): zeroed memory", n);
-        if (p == NULL) continue;
-        memset(p, 0xA5, n);
-        report(p[0] == 0xA5 && p[n - 1] == 0xA5, "ac_alloc_pages(%zu): writable", n);
-#if defined(__linux__)
-        /* Huge pages back only whole aligned 2 MiB stretches. */
-        if (n >= (2u << 20))
-            report((uintptr_t)p % (2u << 20) == 0, "ac_alloc_pages(%zu): 2 MiB aligned", n);
-#endif
-        ac_free_pages(p, n);
-    }
-    ac_free_pages(NULL, 0); /* a no-op */
-    /* Shrinking keeps the first bytes as they were; what it returns frees the rest. */
-    static const size_t keeps[] = {0, 1, 4096, 4097, (2u << 20) + 5, 5u << 20, 6u << 20};
-    for (size_t i = 0; i < sizeof keeps / sizeof keeps[0]; i++) {
-        size_t n = 5u << 20, keep = keeps[i];
-        unsigned char *p = ac_alloc_pages(n);
-        if (p == NULL) { report(0, "ac_alloc_pages(%zu) for shrink", n); continue; }
-        memset(p, 0x5A, n);
-        size_t held = ac_shrink_pages(p, n, keep);
-        int same = 1;
-        for (size_t j = 0; j < keep && j < n; j += 1021) same = p[j] == 0x5A;
-        if (keep > 0 && keep <= n) same = same && p[keep - 1] == 0x5A;
-        report(same && held >= (keep < n ? keep : n) && held <= n + 65535,
-               "ac_shrink_pages(%zu -> %zu) keeps the bytes and holds %zu", n, keep, held);
-        ac_free_pages(p, held);
-    }
-    report(ac_shrink_pages(NULL, 0, 0) == 0, "ac_shrink_pages(NULL) is a no-op");
-}
-
-/* The non-temporal copy: every byte, and nothing outside dst, at every destination offset
- * within a line and lengths around the line-sized body (empty, shorter than the head, one
- * line, odd tails). */
-static void stream_copy_tests(void) {
-    static const size_t lengths[] = {0, 1, 15, 63, 64, 65, 127, 128, 129, 191, 1000, 4099};
-    unsigned char *src = xmalloc(4099 + 128), *block = xmalloc(4099 + 128 + 2 * GUARD);
-    for (size_t j = 0; j < 4099 + 128; j++) src[j] = (unsigned char)rnd();
-    for (size_t o = 0; o < 64; o++)
-        for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
-            size_t n = lengths[i];
-            unsigned char *dst = block + GUARD + o;
-            memset(block, CANARY, 4099 + 128 + 2 * GUARD);
-            ac_stream_copy(dst, src + o / 3, n);
-            ac_stream_fence();
-            report(memcmp(dst, src + o / 3, n) == 0 && canary_ok(block, GUARD + o) &&
-                       canary_ok(dst + n, GUARD),
-                   "ac_stream_copy of %zu bytes to line offset %zu", n, o);
-        }
-    free(src);
-    free(block);
-}
-
-/* The benchmarks' yardsticks: every byte, at sizes around the thread split. */
-static void yardstick_tests(void) {
-    static const size_t sizes[] = {0, 1, 4095, (1u << 20) + 3, (3u << 20) + 1};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        size_t n = sizes[i];
-        unsigned char *src = xmalloc(n + 2 * GUARD), *dst = xmalloc(n + 2 * GUARD);
-        for (size_t j = 0; j < n + 2 * GUARD; j++) src[j] = (unsigned char)rnd();
-        memset(dst, CANARY, n + 2 * GUARD);
-        ac_parallel_copy(dst + GUARD, src + GUARD, n);
-        report(memcmp(dst + GUARD, src + GUARD, n) == 0 && canary_ok(dst, GUARD) && canary_ok(dst + GUARD + n, GUARD),
-               "ac_parallel_copy of %zu bytes", n);
-        memset(dst, CANARY, n + 2 * GUARD);
-        ac_parallel_fill(dst + GUARD, 0x3C, n);
-        size_t bad = 0;
-        for (size_t j = 0; j < n; j++) bad += dst[GUARD + j] != 0x3C;
-        report(bad == 0 && canary_ok(dst, GUARD) && canary_ok(dst + GUARD + n, GUARD), "ac_parallel_fill of %zu bytes", n);
-        free(src);
-        free(dst);
-    }
-}
-
-/* The first 2 MiB boundary at or after p. */
-static unsigned char *stretch_at_or_after(unsigned char *p) {
-    return (unsigned char *)(((uintptr_t)p + AC_STRETCH_BYTES - 1) / AC_STRETCH_BYTES *
-                             AC_STRETCH_BYTES);
-}
-
-/* first_touch.h: the store lands on the last byte of p's 2 MiB stretch before end, or
- * nowhere when that is before p; nothing else changes. Then a fill and a decode into newly
- * mapped memory, starting just before and after a stretch boundary (the first-touch paths):
- * every byte right, nothing outside written. */
-static void first_touch_tests(void) {
-    const size_t H = AC_STRETCH_BYTES, total = 3 * H;
-    unsigned char *buf = ac_alloc_pages(total); /* 2 MiB aligned on Linux */
-    if (buf == NULL) { report(0, "ac_alloc_pages(%zu) for first-touch tests", total); return; }
-    unsigned char *base = stretch_at_or_after(buf);
-    if (base + H + H / 2 > buf + total) base -= H; /* room for the cases below either way */
-    static const long starts[] = {0, 1, -1, 4095, (long)(AC_STRETCH_BYTES / 2)};
-    static const long ends[] = {1, 2, 4096, (long)AC_STRETCH_BYTES - 1, (long)AC_STRETCH_BYTES,
-                                (long)AC_STRETCH_BYTES + 7};
-    for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
-        for (size_t j = 0; j < sizeof ends / sizeof ends[0]; j++) {
-            if (starts[i] < 0 && base == buf) continue; /* no byte before the stretch */
-            unsigned char *p = base + starts[i];
-            unsigned char *end = base + ends[j];
-            unsigned char *lo = p < end ? p : end, *hi = p < end ? end : p;
-            lo -= lo > buf; /* one byte of margin each side */
-            hi += hi < buf + total;
-            memset(lo, 0xA5, (size_t)(hi - lo));
-            uintptr_t next = ac_touch_stretch_end(p, end);
-            uintptr_t want_next = ((uintptr_t)p / H + 1) * H;
-            unsigned char *want = (uintptr_t)end < want_next ? end - 1 : (unsigned char *)want_next - 1;
-            size_t changed = 0, at_want = 0;
-            for (unsigned char *q = lo; q < hi; q++)
-                if (*q != 0xA5) { changed++; at_want += q == want; }
-            int ok = next == want_next && (want >= p ? changed == 1 && at_want == 1 : changed == 0);
-            report(ok, "ac_touch_stretch_end(p = stretch%+ld, end = stretch+%ld): next ok %d, "
-                   "%zu bytes changed", starts[i], ends[j], next == want_next, changed);
-        }
-    ac_free_pages(buf, total);
-
-    /* Fill and decode at a byte and at a float32 before a stretch boundary, fresh each time. */
-    const size_t n = (3u << 20) / 4 + 5; /* float32 elements: about 3 MiB, odd tail */
-    unsigned char *src = xmalloc(n * 4), *bm = xmalloc(ac_bitmap_nbytes(n));
-    unsigned char *vals = xmalloc(n * 4 + AC_BITMAP_SLACK);
-    for (size_t i = 0; i < n; i++) put_elem(src + 4 * i, 4, rnd01() < 0.5 ? 0 : rnd() & 0xFFFFFFFFu);
-    size_t nnz = 0;
-    report(ac_bitmap_encode(src, n, 4, 0, bm, vals, &nnz) == AC_OK, "first touch: encode");
-    static const size_t leads[] = {1, 4, 4096, 0};
-    for (size_t i = 0; i < sizeof leads / sizeof leads[0]; i++) {
-        unsigned char *fresh = ac_alloc_pages(total + H);
-        if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch fill"); continue; }
-        unsigned char *at = stretch_at_or_after(fresh) + H - leads[i];
-#if defined(__linux__)
-        report(ac_page_unmapped(at), "first touch: a new page reads as unmapped");
-#endif
-        ac_parallel_fill(at, 0x3C, n * 4);
-        size_t bad = 0;
-        for (size_t j = 0; j < n * 4; j++) bad += at[j] != 0x3C;
-        report(bad == 0 && (at == fresh || at[-1] == 0) && at[n * 4] == 0,
-               "first touch: fill %zu bytes from %zu before a stretch (%zu wrong)", n * 4,
-               leads[i], bad);
-        report(!ac_page_unmapped(at), "first touch: a written page reads as mapped");
-        ac_free_pages(fresh, total + H);
-        fresh = ac_alloc_pages(total + H);
-        if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch decode"); continue; }
-        at = stretch_at_or_after(fresh) + H - leads[i] * 4;
-        int rc = ac_bitmap_decode(bm, vals, nnz, n, 4, at);
-        report(rc == AC_OK && memcmp(at, src, n * 4) == 0 && at[-1] == 0 && at[n * 4] == 0,
-               "first touch: bitmap decode from %zu floats before a stretch (rc=%d)", leads[i],
-               rc);
-        ac_free_pages(fresh, total + H);
-        /* Encode into new pages (the values pre-touched, each stretch at its end), once with
-         * a page in the middle already written: the same bytes as into malloc'd memory. */
-        for (int premapped = 0; premapped < 2; premapped++) {
-            fresh = ac_alloc_pages(total + H);
-            if (fresh == NULL) { report(0, "ac_alloc_pages for first-touch encode"); continue; }
-            at = stretch_at_or_after(fresh) + H - leads[i] * 4;
-            if (premapped) at[H + 12345] = 0x77;
-            uint8_t *bm2 = xmalloc(ac_bitmap_nbytes(n));
-            size_t nnz2 = 0;
-            for (int threads = 1; threads <= 2; threads++) {
-                ac_set_num_threads(threads);
-                rc = ac_bitmap_encode(src, n, 4, 0, bm2, at, &nnz2);
-                report(rc == AC_OK && nnz2 == nnz && memcmp(bm2, bm, ac_bitmap_nbytes(n)) == 0 &&
-                           memcmp(at, vals, nnz * 4) == 0 && at[-1] == 0,
-                       "first touch: encode into new pages from %zu floats before a stretch "
-                       "(premapped %d, %d threads, rc=%d)", leads[i], premapped, threads, rc);
+/* ac_mask_decode against the model (value where the bit is set, zero bits elsewhere) at
+ * every width, odd lengths and offsets, each path and thread count; nothing written outside
+ * dst; a set padding bit refused with dst untouched. */
+static void mask_tests(void) {
+    static const size_t sizes[] = {0, 1, 7, 8, 9, 63, 64, 65, 1000, 300007, 1000003};
+    static const int widths[4] = {1, 2, 4, 8};
+    for (int w = 0; w < 4; w++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            const int es = widths[w];
+            const size_t n = sizes[s], nb = ac_bitmap_nbytes(n), bytes = n * (size_t)es;
+            const size_t off = rnd() % 8;
+            uint8_t *bm = xmalloc(nb);
+            for (size_t i = 0; i < nb; i++) bm[i] = (uint8_t)rnd();
+            if (n % 8) bm[nb - 1] &= (uint8_t)((1u << (n % 8)) - 1);
+            unsigned char value[8], *want = xmalloc(bytes);
+            uint64_t v = rnd_nonzero(es > 1 ? es : 2) & width_mask(es > 1 ? es : 2);
+            if (es == 1) v = (v & 0xFF) ? (v & 0xFF) : 1;
+            else put_elem(value, es, v);
+            if (es == 1) value[0] = (unsigned char)v;
+            for (size_t i = 0; i < n; i++) {
+                int set = (bm[i / 8] >> (i % 8)) & 1;
+                if (es == 1) want[i] = set ? value[0] : 0;
+                else put_elem(want + i * es, es, set ? v : 0);
             }
-            free(bm2);
-            ac_free_pages(fresh, total + H);
+            unsigned char *block = xmalloc(off + bytes + GUARD), *dst = block + off;
+            for (int t = 0; t < n_isas; t++)
+                for (int threads = 1; threads <= 2; threads++) {
+                    const ac_options o = opts(isas[t].isa, threads);
+                    memset(block, CANARY, off + bytes + GUARD);
+                    int rc = ac_mask_decode(bm, n, value, es, dst, &o);
+                    report(rc == AC_OK && memcmp(dst, want, bytes) == 0 &&
+                               canary_ok(block, off) && canary_ok(dst + bytes, GUARD),
+                           "mask decode isa=%s threads=%d es=%d n=%zu rc=%d",
+                           ac_isa_name(isas[t].isa), threads, es, n, rc);
+                    if (n % 8) {
+                        bm[nb - 1] |= 0x80;
+                        memset(block, CANARY, off + bytes + GUARD);
+                        rc = ac_mask_decode(bm, n, value, es, dst, &o);
+                        report(rc == AC_ECORRUPT && canary_ok(block, off + bytes + GUARD),
+                               "mask decode with a padding bit -> %d", rc);
+                        bm[nb - 1] &= (uint8_t)((1u << (n % 8)) - 1);
+                    }
+                }
+            free(block);
+            free(want);
+            free(bm);
         }
-    }
-    free(vals);
-    free(bm);
-    free(src);
+}
+
+/* The defaults are read where a call says 0 / AC_ISA_DEFAULT, and only there. */
+static void default_tests(void) {
+    const int isa = ac_default_isa(), threads = ac_default_threads();
+    report(ac_isa_available(isa) && threads >= 1, "defaults: isa %d, threads %d", isa, threads);
+    report(ac_set_default_threads(3) == AC_OK && ac_default_threads() == 3, "set default threads");
+    report(ac_set_default_isa(AC_ISA_SCALAR) == AC_OK && ac_default_isa() == AC_ISA_SCALAR,
+           "set default isa");
+    api_roundtrip(4, 300007, 0); /* explicit options: the defaults play no part */
+    size_t nnz = 0;
+    float x[600];
+    for (int i = 0; i < 600; i++) x[i] = i % 2 ? (float)i : 0.0f;
+    uint8_t bm[75];
+    float vals[600];
+    report(ac_bitmap_encode(x, 600, 4, 0, bm, vals, &nnz, NULL) == AC_OK && nnz == 300,
+           "encode with the defaults (NULL options)");
+    report(ac_default_isa() == AC_ISA_SCALAR && ac_default_threads() == 3,
+           "a call changes no default");
+    ac_set_default_isa(isa);
+    ac_set_default_threads(threads);
 }
 
 static void api_tests(void) {
-    first_touch_tests();
-    yardstick_tests();
-    stream_copy_tests();
     api_argument_tests();
+    mask_tests();
+    default_tests();
     /* Not multiples of 8, and several driver blocks per thread. */
     static const size_t sizes[] = {1000003, 2999999};
     for (int w = 0; w < 3; w++) {
@@ -613,32 +532,7 @@ static void api_tests(void) {
             api_roundtrip(es, sizes[s], mid);
         }
     }
-    /* 32 MiB and more: the threaded encode's blocks grow to 1 MiB (bitmap.c,
-     * encode_block_bytes); the sizes above give it 128, 256 and 512 KiB. */
-    api_roundtrip(8, 4194319, 0);
-    /* The cap on that growth: powers of two from 128 KiB only. */
-    const size_t cap = ac_get_bitmap_block_max();
-    report(cap == (2u << 20), "bitmap block max defaults to 2 MiB (%zu)", cap);
-    report(ac_set_bitmap_block_max(3u << 20) == AC_EINVAL &&
-               ac_set_bitmap_block_max(64u << 10) == AC_EINVAL &&
-               ac_set_bitmap_block_max(0) == AC_EINVAL && ac_get_bitmap_block_max() == cap,
-           "bitmap block max rejects what is not a power of two from 128 KiB");
-    report(ac_set_bitmap_block_max(128u << 10) == AC_OK &&
-               ac_get_bitmap_block_max() == (128u << 10),
-           "bitmap block max takes 128 KiB");
-    api_roundtrip(8, 4194319, 0); /* the same bytes with blocks that never grow */
-    ac_set_bitmap_block_max(cap);
-    /* Values written with non-temporal stores from 8 MiB (the 32 MiB case above); every
-     * size when asked, and never when asked: the same bytes. */
-    const size_t stream = ac_get_bitmap_stream_from();
-    report(stream == (8u << 20), "bitmap stream threshold defaults to 8 MiB (%zu)", stream);
-    ac_set_bitmap_stream_from(0);
-    report(ac_get_bitmap_stream_from() == 0, "bitmap stream threshold takes 0");
-    api_roundtrip(4, 1000003, 0);
-    api_roundtrip(2, 2999999, 0x1419);
-    ac_set_bitmap_stream_from(SIZE_MAX);
-    api_roundtrip(8, 4194319, 0);
-    ac_set_bitmap_stream_from(stream);
+    api_roundtrip(8, 4194319, 0); /* 32 MiB */
 }
 
 int main(void) {
@@ -656,11 +550,7 @@ int main(void) {
     printf("kernels: %llu cases\n", n_passed + n_failed - before);
 
     before = n_passed + n_failed;
-    const int best = ac_active_isa(), threads = ac_get_num_threads();
     api_tests();
-    pages_tests();
-    ac_set_isa(best);
-    ac_set_num_threads(threads);
     printf("driver api: %llu cases\n", n_passed + n_failed - before);
 
     return finish();

@@ -116,6 +116,9 @@ static const char *const minmax_names[M_COUNT] = {"magnitudes", "+-0 only", "pos
                                                   "non-finite"};
 
 static float signed_zero(void) { return (rnd() & 1) ? -0.0f : 0.0f; }
+/* Extremes compare by bits, except that a zero may come back with either sign (the kernel
+ * contract: the driver makes it +0.0). */
+static uint32_t extreme_bits(float v) { return f2u(v + 0.0f); }
 
 static uint32_t rnd_nonfinite_bits(void) {
     static const uint32_t special[6] = {0x7F800000u, 0xFF800000u, 0x7FC00000u,
@@ -160,7 +163,8 @@ static void minmax_case(size_t n, int pattern) {
     for (int t = 0; t < n_simd; t++) {
         float lo = 1234.5f, hi = -1234.5f;
         int bad = simd[t].k.minmax(x, n, &lo, &hi);
-        report(bad == rbad && (bad || (f2u(lo) == f2u(rlo) && f2u(hi) == f2u(rhi))),
+        report(bad == rbad && (bad || (extreme_bits(lo) == extreme_bits(rlo) &&
+                                       extreme_bits(hi) == extreme_bits(rhi))),
                "minmax isa=%s n=%zu %s: nonfinite %d/%d lo %08x/%08x hi %08x/%08x",
                ac_isa_name(simd[t].isa), n, minmax_names[pattern], bad, rbad, f2u(lo),
                f2u(rlo), f2u(hi), f2u(rhi));
@@ -332,7 +336,9 @@ static void groups_case(size_t n, size_t G, int bits, int with_bad) {
         float *lo = xmalloc((ng + 1) * sizeof(float)), *hi = xmalloc((ng + 1) * sizeof(float));
         int bad = n ? k->minmax_groups(x, n, G, lo, hi) : 0;
         size_t g = 0;
-        while (!bad && g < ng && f2u(lo[g]) == f2u(mn[g]) && f2u(hi[g]) == f2u(mx[g])) g++;
+        while (!bad && g < ng && extreme_bits(lo[g]) == extreme_bits(mn[g]) &&
+               extreme_bits(hi[g]) == extreme_bits(mx[g]))
+            g++;
         report(bad == want_bad && (bad || g == ng),
                "minmax_groups isa=%s n=%zu G=%zu: nonfinite %d/%d, group %zu", isa, n, G, bad,
                want_bad, g);
@@ -647,48 +653,48 @@ static void encode_arg_tests(void) {
     float x[4] = {1, 2, 3, 4}, mins[1], scales[1];
     uint8_t packed[32];
     size_t bad = 0;
-    report(ac_quant_encode(x, 4, 0, 4, 256, 0, 1, packed, mins, scales, &bad) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, 0, 4, 256, 0, 1, packed, mins, scales, &bad, NULL) == AC_EINVAL,
            "encode dtype 0 -> EINVAL");
-    report(ac_quant_encode(x, 4, 5, 4, 256, 0, 1, packed, mins, scales, &bad) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, 5, 4, 256, 0, 1, packed, mins, scales, &bad, NULL) == AC_EINVAL,
            "encode dtype 5 -> EINVAL");
     static const int bad_bits[] = {0, 3, 5, 16, -1};
     for (size_t i = 0; i < sizeof bad_bits / sizeof bad_bits[0]; i++) {
         report(ac_quant_encode(x, 4, AC_F32, bad_bits[i], 256, 0, 1, packed, mins, scales,
-                               &bad) == AC_EINVAL, "encode bits=%d -> EINVAL", bad_bits[i]);
-        report(ac_quant_decode(packed, mins, scales, 4, bad_bits[i], 256, AC_F32, x) == AC_EINVAL,
+                               &bad, NULL) == AC_EINVAL, "encode bits=%d -> EINVAL", bad_bits[i]);
+        report(ac_quant_decode(packed, mins, scales, 4, bad_bits[i], 256, AC_F32, x, NULL) == AC_EINVAL,
                "decode bits=%d -> EINVAL", bad_bits[i]);
     }
-    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 2, 1, packed, mins, scales, &bad) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 2, 1, packed, mins, scales, &bad, NULL) == AC_EINVAL,
            "encode rounding 2 -> EINVAL");
-    report(ac_quant_encode(x, 4, AC_F32, 4, 256, -1, 1, packed, mins, scales, &bad) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, AC_F32, 4, 256, -1, 1, packed, mins, scales, &bad, NULL) == AC_EINVAL,
            "encode rounding -1 -> EINVAL");
-    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, mins, scales, NULL) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, mins, scales, NULL, NULL) == AC_EINVAL,
            "encode bad_index NULL -> EINVAL");
-    report(ac_quant_encode(NULL, 4, AC_F32, 4, 256, 0, 1, packed, mins, scales, &bad) == AC_EINVAL,
+    report(ac_quant_encode(NULL, 4, AC_F32, 4, 256, 0, 1, packed, mins, scales, &bad, NULL) == AC_EINVAL,
            "encode src NULL -> EINVAL");
-    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, NULL, mins, scales, &bad) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, NULL, mins, scales, &bad, NULL) == AC_EINVAL,
            "encode packed NULL -> EINVAL");
-    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, NULL, scales, &bad) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, NULL, scales, &bad, NULL) == AC_EINVAL,
            "encode mins NULL -> EINVAL");
-    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, mins, NULL, &bad) == AC_EINVAL,
+    report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, mins, NULL, &bad, NULL) == AC_EINVAL,
            "encode scales NULL -> EINVAL");
-    report(ac_quant_encode(x, SIZE_MAX / 8, AC_F32, 4, 256, 0, 1, packed, mins, scales, &bad) ==
+    report(ac_quant_encode(x, SIZE_MAX / 8, AC_F32, 4, 256, 0, 1, packed, mins, scales, &bad, NULL) ==
                AC_EINVAL, "encode n too large -> EINVAL");
-    report(ac_quant_encode(NULL, 0, AC_F32, 4, 256, 0, 1, NULL, NULL, NULL, &bad) == AC_OK,
+    report(ac_quant_encode(NULL, 0, AC_F32, 4, 256, 0, 1, NULL, NULL, NULL, &bad, NULL) == AC_OK,
            "encode n=0 -> OK");
-    report(ac_quant_decode(packed, mins, scales, 4, 4, 256, 0, x) == AC_EINVAL,
+    report(ac_quant_decode(packed, mins, scales, 4, 4, 256, 0, x, NULL) == AC_EINVAL,
            "decode dtype 0 -> EINVAL");
-    report(ac_quant_decode(packed, mins, scales, 4, 4, 256, 9, x) == AC_EINVAL,
+    report(ac_quant_decode(packed, mins, scales, 4, 4, 256, 9, x, NULL) == AC_EINVAL,
            "decode dtype 9 -> EINVAL");
-    report(ac_quant_decode(NULL, mins, scales, 4, 4, 256, AC_F32, x) == AC_EINVAL,
+    report(ac_quant_decode(NULL, mins, scales, 4, 4, 256, AC_F32, x, NULL) == AC_EINVAL,
            "decode packed NULL -> EINVAL");
-    report(ac_quant_decode(packed, NULL, scales, 4, 4, 256, AC_F32, x) == AC_EINVAL,
+    report(ac_quant_decode(packed, NULL, scales, 4, 4, 256, AC_F32, x, NULL) == AC_EINVAL,
            "decode mins NULL -> EINVAL");
-    report(ac_quant_decode(packed, mins, NULL, 4, 4, 256, AC_F32, x) == AC_EINVAL,
+    report(ac_quant_decode(packed, mins, NULL, 4, 4, 256, AC_F32, x, NULL) == AC_EINVAL,
            "decode scales NULL -> EINVAL");
-    report(ac_quant_decode(packed, mins, scales, 4, 4, 256, AC_F32, NULL) == AC_EINVAL,
+    report(ac_quant_decode(packed, mins, scales, 4, 4, 256, AC_F32, NULL, NULL) == AC_EINVAL,
            "decode dst NULL -> EINVAL");
-    report(ac_quant_decode(NULL, NULL, NULL, 0, 4, 256, AC_F32, NULL) == AC_OK,
+    report(ac_quant_decode(NULL, NULL, NULL, 0, 4, 256, AC_F32, NULL, NULL) == AC_OK,
            "decode n=0 -> OK");
     report(ac_quant_packed_nbytes(0, 4) == 0 && ac_quant_packed_nbytes(1, 4) == 1 &&
                ac_quant_packed_nbytes(64, 4) == 32 && ac_quant_packed_nbytes(65, 4) == 33 &&
@@ -701,6 +707,24 @@ static void encode_arg_tests(void) {
     float u0 = ac_uniform(42, 0), u1 = ac_uniform(42, 1), uh = ac_uniform(42, 1ull << 32);
     report(u0 >= 0 && u0 < 1 && u1 >= 0 && u1 < 1 && u0 != u1 && uh != u0 &&
                ldexpf(u0, 24) == floorf(ldexpf(u0, 24)), "ac_uniform");
+    /* Options out of range, and paths this CPU lacks. */
+    ac_options bad_opts[4] = {{-1, AC_ISA_DEFAULT, -1}, {1025, AC_ISA_DEFAULT, -1},
+                              {0, AC_ISA_COUNT, -1}, {0, AC_ISA_DEFAULT, 2}};
+    for (int i = 0; i < 4; i++) {
+        report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, mins, scales, &bad,
+                               &bad_opts[i]) == AC_EINVAL, "encode with bad options %d", i);
+        report(ac_quant_decode(packed, mins, scales, 4, 4, 256, AC_F32, x, &bad_opts[i]) ==
+                   AC_EINVAL, "decode with bad options %d", i);
+        float lo, hi;
+        report(ac_minmax(x, 4, AC_F32, &lo, &hi, &bad, &bad_opts[i]) == AC_EINVAL,
+               "minmax with bad options %d", i);
+    }
+    for (int isa = 0; isa < AC_ISA_COUNT; isa++) {
+        if (ac_isa_available(isa)) continue;
+        ac_options o = {0, isa, -1};
+        report(ac_quant_encode(x, 4, AC_F32, 4, 256, 0, 1, packed, mins, scales, &bad, &o) ==
+                   AC_EUNSUPPORTED, "encode on unavailable %s", ac_isa_name(isa));
+    }
 }
 
 /* An input tensor: the dtype bytes and their float32 values (what the codec quantizes). */
@@ -825,17 +849,17 @@ static void api_roundtrip(const tensor *t, int bits, size_t group, int rounding,
     unsigned char *want_dt = xmalloc(n * es), *got_dt = xmalloc(n * es);
     size_t bad = 0;
 
-    ac_set_isa(AC_ISA_SCALAR);
-    ac_set_num_threads(1);
-    ac_set_bittrick(1);
+    ac_options o = {1, AC_ISA_SCALAR, 1};
     snprintf(ctx, sizeof ctx, "ref %s n=%zu bits=%d group=%zu round=%d", dtype_names[t->dtype],
              n, bits, group, rounding);
     int rc = ac_quant_encode(t->data, n, t->dtype, bits, group, rounding, seed, want.packed,
-                             want.mins, want.scales, &bad);
+                             want.mins, want.scales, &bad, &o);
     report(rc == AC_OK, "api %s: encode rc=%d bad=%zu", ctx, rc, bad);
-    rc = ac_quant_decode(want.packed, want.mins, want.scales, n, bits, group, AC_F32, want_f32);
+    rc = ac_quant_decode(want.packed, want.mins, want.scales, n, bits, group, AC_F32, want_f32,
+                         &o);
     report(rc == AC_OK, "api %s: decode f32 rc=%d", ctx, rc);
-    rc = ac_quant_decode(want.packed, want.mins, want.scales, n, bits, group, t->dtype, want_dt);
+    rc = ac_quant_decode(want.packed, want.mins, want.scales, n, bits, group, t->dtype, want_dt,
+                         &o);
     report(rc == AC_OK, "api %s: decode %s rc=%d", ctx, dtype_names[t->dtype], rc);
     check_error_bound(t, group, bits, rounding, want.mins, want.scales, want_f32, ctx);
 
@@ -848,23 +872,21 @@ static void api_roundtrip(const tensor *t, int bits, size_t group, int rounding,
                 snprintf(ctx, sizeof ctx, "isa=%s threads=%d trick=%d %s n=%zu bits=%d "
                          "group=%zu round=%d", ac_isa_name(isa), threads, trick,
                          dtype_names[t->dtype], n, bits, group, rounding);
-                ac_set_isa(isa);
-                ac_set_num_threads(threads);
-                ac_set_bittrick(trick);
+                o = (ac_options){threads, isa, trick};
                 memset(got.packed, CANARY, got.nbytes);
                 rc = ac_quant_encode(t->data, n, t->dtype, bits, group, rounding, seed,
-                                     got.packed, got.mins, got.scales, &bad);
+                                     got.packed, got.mins, got.scales, &bad, &o);
                 report(rc == AC_OK && memcmp(got.packed, want.packed, want.nbytes) == 0 &&
                            memcmp(got.mins, want.mins, want.ngroups * sizeof(float)) == 0 &&
                            memcmp(got.scales, want.scales, want.ngroups * sizeof(float)) == 0,
                        "api %s: encode differs from the reference (rc=%d)", ctx, rc);
                 rc = ac_quant_decode(want.packed, want.mins, want.scales, n, bits, group, AC_F32,
-                                     got_f32);
+                                     got_f32, &o);
                 report(rc == AC_OK && memcmp(got_f32, want_f32, n * sizeof(float)) == 0,
                        "api %s: decode f32 differs (rc=%d)", ctx, rc);
                 if (t->dtype != AC_F32) {
                     rc = ac_quant_decode(want.packed, want.mins, want.scales, n, bits, group,
-                                         t->dtype, got_dt);
+                                         t->dtype, got_dt, &o);
                     report(rc == AC_OK && memcmp(got_dt, want_dt, n * es) == 0,
                            "api %s: decode %s differs (rc=%d)", ctx, dtype_names[t->dtype], rc);
                 }
@@ -906,11 +928,10 @@ static void api_nonfinite(int dtype, size_t n, size_t group) {
     }
     for (int d = 0; d < n_driver_isas; d++)
         for (int threads = 1; threads <= 2; threads++) {
-            ac_set_isa(driver_isas[d]);
-            ac_set_num_threads(threads);
+            const ac_options o = {threads, driver_isas[d], -1};
             size_t bad = 0;
             int rc = ac_quant_encode(t.data, n, dtype, 4, group, (int)(rnd() & 1), 7, e.packed,
-                                     e.mins, e.scales, &bad);
+                                     e.mins, e.scales, &bad, &o);
             report(rc == AC_ENONFINITE && bad == first,
                    "api isa=%s threads=%d %s n=%zu group=%zu: non-finite at %zu -> rc=%d bad=%zu",
                    ac_isa_name(driver_isas[d]), threads, dtype_names[dtype], n, group, first, rc,
@@ -932,11 +953,10 @@ static void api_nonfinite(int dtype, size_t n, size_t group) {
         if (a != b)
             for (int d = 0; d < n_driver_isas; d++)
                 for (int threads = 1; threads <= 2; threads++) {
-                    ac_set_isa(driver_isas[d]);
-                    ac_set_num_threads(threads);
+                    const ac_options o = {threads, driver_isas[d], -1};
                     size_t bad = 0;
                     int rc = ac_quant_encode(t.data, n, dtype, 8, group, AC_ROUND_NEAREST, 7,
-                                             e.packed, e.mins, e.scales, &bad);
+                                             e.packed, e.mins, e.scales, &bad, &o);
                     report(rc == AC_ENONFINITE && bad == gs,
                            "api isa=%s threads=%d %s n=%zu group=%zu: range overflow in group "
                            "at %zu -> rc=%d bad=%zu", ac_isa_name(driver_isas[d]), threads,
@@ -947,16 +967,14 @@ static void api_nonfinite(int dtype, size_t n, size_t group) {
     encoded_free(&e);
 }
 
-/* Inputs of 16 MiB and more are encoded in short tiles, smaller ones in long tiles (quant.c,
- * encode_tile); the bytes must not depend on it. With nearest rounding the encoding of whole
- * groups and 256-code spans does not depend on where the array starts, so a large array must
- * equal its chunks (each under 16 MiB) encoded one by one. Stochastic rounding draws by
- * element index, so there api_roundtrip checks every path against the reference and the
- * error bound on a large array. */
+/* With nearest rounding the encoding of whole groups and 256-code spans does not depend on
+ * where the array starts, so a large array split over threads must equal its chunks encoded
+ * one by one. Stochastic rounding draws by element index, so there api_roundtrip checks every
+ * path against the reference and the error bound on a large array. */
 static size_t gcd_size(size_t a, size_t b) { return b ? gcd_size(b, a % b) : a; }
 
-static void short_tile_tests(void) {
-    const size_t n = ((size_t)17 << 20) / sizeof(float) + 777; /* over 16 MiB, odd tail */
+static void large_array_tests(void) {
+    const size_t n = ((size_t)17 << 20) / sizeof(float) + 777; /* 17 MiB, odd tail */
     tensor t = make_tensor(AC_F32, n);
     static const size_t groups[] = {32, 256, 300, 1024, 4096};
     static const int bits[] = {1, 2, 8};
@@ -966,49 +984,27 @@ static void short_tile_tests(void) {
             const size_t chunk = (((size_t)4 << 20) / sizeof(float)) / unit * unit;
             encoded whole = encoded_new(n, bits[b], G), parts = encoded_new(n, bits[b], G);
             for (int d = 0; d < n_driver_isas; d++) {
-                ac_set_isa(driver_isas[d]);
-                ac_set_num_threads(1 + d % 2);
+                const ac_options o = {1 + d % 2, driver_isas[d], -1};
                 size_t bad = 0;
                 int rc = ac_quant_encode(t.data, n, AC_F32, bits[b], G, AC_ROUND_NEAREST, 0,
-                                         whole.packed, whole.mins, whole.scales, &bad);
+                                         whole.packed, whole.mins, whole.scales, &bad, &o);
                 for (size_t s = 0; rc == AC_OK && s < n; s += chunk) {
                     const size_t m = n - s < chunk ? n - s : chunk;
                     const size_t per = 256 / (size_t)bits[b];
                     rc = ac_quant_encode(t.data + 4 * s, m, AC_F32, bits[b], G, AC_ROUND_NEAREST,
                                          0, parts.packed + s / per * AC_QBLOCK_BYTES,
-                                         parts.mins + s / G, parts.scales + s / G, &bad);
+                                         parts.mins + s / G, parts.scales + s / G, &bad, &o);
                 }
                 report(rc == AC_OK && memcmp(whole.packed, parts.packed, whole.nbytes) == 0 &&
                            memcmp(whole.mins, parts.mins, whole.ngroups * sizeof(float)) == 0 &&
                            memcmp(whole.scales, parts.scales, whole.ngroups * sizeof(float)) == 0,
-                       "short tiles: isa=%s n=%zu bits=%d group=%zu equals its %zu-element "
+                       "large array: isa=%s n=%zu bits=%d group=%zu equals its %zu-element "
                        "chunks (rc=%d)", ac_isa_name(driver_isas[d]), n, bits[b], G, chunk, rc);
             }
             encoded_free(&parts);
             encoded_free(&whole);
         }
     api_roundtrip(&t, 2, 256, AC_ROUND_STOCHASTIC, 0);
-    /* The threshold is a knob: with it out of reach, the same array in long tiles gives the
-     * same bytes, stochastic rounding included. */
-    const size_t from = ac_get_quant_short_tiles_from();
-    report(from == ((size_t)16 << 20), "short tiles from 16 MiB by default (%zu)", from);
-    encoded shorts = encoded_new(n, 2, 256), longs = encoded_new(n, 2, 256);
-    size_t bad = 0;
-    ac_set_isa(ac_best_isa());
-    ac_set_num_threads(2);
-    int rc = ac_quant_encode(t.data, n, AC_F32, 2, 256, AC_ROUND_STOCHASTIC, 99, shorts.packed,
-                             shorts.mins, shorts.scales, &bad);
-    ac_set_quant_short_tiles_from(SIZE_MAX);
-    report(ac_get_quant_short_tiles_from() == SIZE_MAX, "short tiles: threshold set");
-    rc |= ac_quant_encode(t.data, n, AC_F32, 2, 256, AC_ROUND_STOCHASTIC, 99, longs.packed,
-                          longs.mins, longs.scales, &bad);
-    report(rc == AC_OK && memcmp(shorts.packed, longs.packed, shorts.nbytes) == 0 &&
-               memcmp(shorts.mins, longs.mins, shorts.ngroups * sizeof(float)) == 0 &&
-               memcmp(shorts.scales, longs.scales, shorts.ngroups * sizeof(float)) == 0,
-           "short tiles: stochastic encoding equals the long-tile one (rc=%d)", rc);
-    ac_set_quant_short_tiles_from(from);
-    encoded_free(&longs);
-    encoded_free(&shorts);
     tensor_free(&t);
 }
 
@@ -1043,7 +1039,7 @@ static void api_tests(void) {
             api_nonfinite(dtype, bad_sizes[s], 256);
             api_nonfinite(dtype, bad_sizes[s], 0);
         }
-    short_tile_tests();
+    large_array_tests();
 }
 
 int main(void) {
@@ -1063,11 +1059,10 @@ int main(void) {
     printf("kernels: %llu cases\n", n_passed + n_failed - before);
 
     before = n_passed + n_failed;
-    const int best = ac_active_isa(), threads = ac_get_num_threads();
+    const int isa = ac_default_isa(), threads = ac_default_threads();
     api_tests();
-    ac_set_isa(best);
-    ac_set_num_threads(threads);
-    ac_set_bittrick(-1); /* back to the per-path default */
+    report(ac_default_isa() == isa && ac_default_threads() == threads,
+           "per-call options changed no default");
     printf("driver api: %llu cases\n", n_passed + n_failed - before);
 
     return finish();

@@ -1,6 +1,6 @@
-"""Small reference models defined here (no downloads), used by the tests, the benchmarks and the
-demo: a ResNet-18-style CNN and a small vision transformer built from plain nn modules and
-functional attention, so both the hooks and the module converter see standard ops."""
+"""Small reference models defined here (no downloads), used by the tests: a ResNet-18-style
+CNN and a small vision transformer built from plain nn modules and functional attention, so
+both the hooks and the module converter see standard ops."""
 from __future__ import annotations
 
 import torch
