@@ -8,8 +8,15 @@ import numpy as np
 
 from . import _dtypes, choice, container, quant
 
+try:  # zarr and numcodecs' own checks want their base class; it is optional here
+    from numcodecs.abc import Codec as _Base
+except ImportError:  # pragma: no cover - depends on the environment
+    _Base = object
 
-class Codec:
+
+class Codec(_Base):
+    """The numcodecs interface over an actcodec codec: the bytes are the container format."""
+
     codec_id = "actcodec"
     codec_name: str | None = None
 
