@@ -70,6 +70,26 @@ def bitmap_decode(const uint8_t[::1] bitmap, const uint8_t[::1] values, int esiz
     _check(status, "bitmap decode")
 
 
+def mask_encode(const uint8_t[::1] src, int esize, uint8_t[::1] bitmap, uint8_t[::1] value,
+                int threads=0, int isa=-1):
+    """The bitmap of a flat byte view of elements of `esize` bytes (1 for bool) into `bitmap`,
+    and (nnz, whether every nonzero element has one bit pattern, written to `value`)."""
+    cdef size_t n = _elements(src, esize, "mask_encode")
+    _bitmap_size(bitmap, n)
+    if value.shape[0] != esize:
+        raise ValueError(f"mask_encode: value needs {esize} bytes, has {value.shape[0]}")
+    cdef const uint8_t *s = _cptr(src)
+    cdef uint8_t *b = _wptr(bitmap)
+    cdef uint8_t *v = _wptr(value)
+    cdef size_t nnz = 0
+    cdef int one = 0, status
+    cdef ac_options o = _opts(threads, isa, -1)
+    with nogil:
+        status = ac_mask_encode(s, n, esize, b, v, &nnz, &one, &o)
+    _check(status, "mask encode")
+    return nnz, bool(one)
+
+
 def mask_decode(const uint8_t[::1] bitmap, const uint8_t[::1] value, uint8_t[::1] out,
                 int threads=0, int isa=-1):
     """`value` (one element's bytes) where the bitmap's bit is set, zero bytes elsewhere,

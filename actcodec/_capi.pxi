@@ -32,6 +32,8 @@ cdef extern from "actcodec.h" nogil:
     int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz, const ac_options *opt)
     int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
                          int esize, void *dst, const ac_options *opt)
+    int ac_mask_encode(const void *src, size_t n, int esize, uint8_t *bitmap, void *value,
+                       size_t *nnz, int *one_value, const ac_options *opt)
     int ac_mask_decode(const uint8_t *bitmap, size_t n, const void *value, int esize, void *dst,
                        const ac_options *opt)
     int ac_sample_nonzero(const void *src, size_t n, int esize, size_t runs, size_t run_len,

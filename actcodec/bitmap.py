@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from . import _dtypes, _ext, container
+from . import _alloc, _dtypes, _ext, container
 
 CODEC_ID = 2
 DTYPES = _dtypes.FLOATS
@@ -51,13 +51,17 @@ def decode(enc: container.Encoded, out=None, **options):
 
 
 def encode_flat(bits: np.ndarray, thr: int, opts: dict, alloc) -> tuple:
-    """(bitmap, values, nnz) of a flat bit view (C path). The values buffer is allocated for
-    every element and cut to the nonzero ones: pages never written are never committed."""
+    """(bitmap, values, nnz) of a flat bit view (C path), in one block: allocated with room
+    for every element and cut to the nonzero ones, so pages never written are never
+    committed."""
     n, esize = bits.size, bits.itemsize
-    bitmap = alloc((n + 7) // 8)
-    values = alloc(n * esize)
-    nnz = _ext.bitmap_encode(bits.view(np.uint8), esize, thr, bitmap, values, **opts)
-    return bitmap, alloc.shrink(values, nnz * esize), nnz
+    nb = (n + 7) // 8
+    (_, at), total = _alloc.offsets([nb, n * esize])
+    block = alloc(total)
+    nnz = _ext.bitmap_encode(bits.view(np.uint8), esize, thr, block[:nb], block[at:], **opts)
+    block = alloc.shrink(block, at + nnz * esize)
+    bitmap, values = _alloc.carve(block, [nb, nnz * esize])
+    return bitmap, values, nnz
 
 
 def validate(enc: container.Encoded) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _arrays, _dtypes, _ext, _options, bitmap, container, mask, quant, raw
+from . import _alloc, _arrays, _dtypes, _ext, _options, bitmap, container, mask, quant, raw
 
 CODECS = ("auto", "raw", "bitmap", "mask", "quant", "bitmap_quant")
 LOSSY = ("quant", "bitmap_quant")
@@ -56,21 +56,6 @@ def sizes(x, bits: int | None, group_size: int | None = 256, dtype: str | None =
     return sizes_from_counts(flat.size, nz.size, _dtypes.itemsize(name), bits, group_size, one)
 
 
-class HeapAlloc:
-    """Payload buffers from numpy (glibc's heap). An allocator gives flat uint8 arrays and
-    cuts one to its first bytes (`shrink`), keeping the pages it never wrote uncommitted."""
-
-    def __call__(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, np.uint8)
-
-    def shrink(self, arr: np.ndarray, nbytes: int) -> np.ndarray:
-        arr.resize(nbytes, refcheck=False)  # realloc: no other view of arr exists yet
-        return arr
-
-
-HEAP = HeapAlloc()
-
-
 def check(codec: str, bits, group_size, rounding, nonfinite, seed, prune) -> dict | None:
     """Validate a call's codec settings; the quantization parameters when `bits` is given."""
     if codec not in CODECS:
@@ -105,7 +90,7 @@ def encode(x, codec: str = "auto", *, bits: int | None = None, group_size: int |
     flat, name, shape, wrap = _host_source(x, dtype)
     opts = _options.resolve(threads, simd)
     trick = _options.bittrick(bittrick)
-    alloc = HEAP if alloc is None else alloc
+    alloc = _alloc.HEAP if alloc is None else alloc
     work = None
     if codec == "auto":
         codec, work = _choose(flat, name, bits, group_size, opts, alloc)
@@ -134,13 +119,18 @@ def _host_source(x, tag):
 
 
 def _choose(flat, name, bits, group_size, opts, alloc):
-    """(codec, the bitmap pass's (bitmap, values, nnz) or None) for host data."""
+    """(codec, the work already done for it, or None) for host data: a mask encode's
+    (bitmap, value, nnz, one value) or the bitmap pass's (bitmap, values, nnz)."""
     if name == "bool":
         return "mask", None
     n, esize = flat.size, flat.itemsize
     if n >= SAMPLE_MIN:
         low, one = _ext.nonzero_share_floor(flat.view(np.uint8), esize)
-        if not one and low > 0:
+        if one:  # the sample's nonzero elements are one value: a mask, perhaps
+            work = mask.encode_flat(flat, opts, alloc)
+            if work[3]:
+                return "mask", work
+        elif low > 0:
             guess = smallest(sizes_from_counts(n, int(low * n), esize, bits, group_size))
             if guess in ("quant", "raw"):  # no bitmap codec can win: skip the bitmap pass
                 return guess, None
@@ -157,21 +147,18 @@ def _build(codec, flat, name, p, prune, opts, trick, alloc, work):
         return raw.encode_flat(flat, alloc), None
     if codec == "quant":
         return quant.quantize_flat(flat, name, p, opts, alloc, trick), None
-    if codec == "mask" and name == "bool":
-        bm, nnz = mask.bool_bitmap(flat, alloc)
-        value = alloc(1)
-        value[0] = 1
+    if codec == "mask":
+        if work is None or len(work) != 4:
+            work = mask.encode_flat(flat, opts, alloc)
+        bm, value, nnz, one = work
+        if not one:
+            raise ValueError("not a mask: its nonzero elements differ (use bitmap)")
         return (bm, value), nnz
     if work is None:
         work = bitmap.encode_flat(flat, _dtypes.prune_abs_bits(prune, name), opts, alloc)
     bm, values, nnz = work
     if codec == "bitmap":
         return (bm, values), nnz
-    if codec == "mask":
-        if not mask.one_value(values.view(flat.dtype)) and nnz:
-            raise ValueError("not a mask: its nonzero elements differ (use bitmap)")
-        value = alloc(flat.itemsize)
-        value[...] = values[:flat.itemsize] if nnz else 0
-        return (bm, value), nnz
-    qbufs = quant.quantize_flat(values.view(flat.dtype), name, p, opts, alloc, trick)
-    return (bm, *qbufs), nnz
+    # bitmap_quant: the bitmap and the quantized values in a block of their own, so the full
+    # values (in the bitmap pass's block) go with it
+    return quant.quantize_flat(values.view(flat.dtype), name, p, opts, alloc, trick, bm), nnz

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from . import _dtypes, _ext, container
+from . import _alloc, _dtypes, _ext, container
 
 CODEC_ID = 5
 DTYPES = (*_dtypes.FLOATS, "bool")
@@ -35,12 +35,17 @@ def encode(x, *, dtype: str | None = None, threads: int | None = None,
     return choice.encode(x, "mask", dtype=dtype, threads=threads, simd=simd)
 
 
-def bool_bitmap(bits: np.ndarray, alloc) -> tuple:
-    """(bitmap, nnz) of a flat bool (uint8) view: a set bit per true element."""
-    bitmap = alloc((bits.size + 7) // 8)
-    packed = np.packbits(bits.view(np.bool_), bitorder="little")
-    bitmap[...] = packed
-    return bitmap, int(np.count_nonzero(bits))
+def encode_flat(bits: np.ndarray, opts: dict, alloc) -> tuple:
+    """(bitmap, value, nnz, whether the nonzero elements are one value) of a flat bit view
+    (C path, one pass), in one block. Without one value, the buffers are not a mask. One-byte
+    elements are bools: every nonzero byte is True, whose value is 1."""
+    n, esize = bits.size, bits.itemsize
+    sizes = [(n + 7) // 8, esize]
+    bitmap, value = _alloc.carve(alloc(_alloc.offsets(sizes)[1]), sizes)
+    nnz, one = _ext.mask_encode(bits.view(np.uint8), esize, bitmap, value, **opts)
+    if esize == 1:
+        value[0], one = 1, True
+    return bitmap, value, nnz, one
 
 
 def one_value(values: np.ndarray) -> bool:

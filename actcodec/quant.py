@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from . import _dtypes, _ext, container
+from . import _alloc, _dtypes, _ext, container
 
 CODEC_ID = 3
 DTYPES = _dtypes.FLOATS
@@ -104,8 +104,9 @@ def _nonfinite_mask(bits: np.ndarray, name: str) -> np.ndarray:
 
 
 def quantize_flat(bits: np.ndarray, name: str, p: dict, opts: dict, alloc,
-                  bittrick: int = -1) -> list:
-    """Quantize a flat uint view of `name` elements (C path); returns the buffer list."""
+                  bittrick: int = -1, head: np.ndarray | None = None) -> list:
+    """Quantize a flat uint view of `name` elements (C path); returns the buffer list, in one
+    block, after a copy of `head` (bitmap_quant's bitmap) when given."""
     wire, esize, _ = _dtypes.DTYPES[name]
     escapes = []
     if p["nonfinite"] == "keep":
@@ -117,12 +118,15 @@ def quantize_flat(bits: np.ndarray, name: str, p: dict, opts: dict, alloc,
             bits[idx] = 0
     n, group = bits.size, p["group_size"] or 0
     ng = _ext.quant_ngroups(n, group)
-    packed = alloc(packed_nbytes(n, p["bits"]))
-    mins, scales = alloc(4 * ng), alloc(4 * ng)
+    sizes = ([] if head is None else [head.nbytes]) + [packed_nbytes(n, p["bits"]), 4 * ng, 4 * ng]
+    bufs = _alloc.carve(alloc(_alloc.offsets(sizes)[1]), sizes)
+    if head is not None:
+        bufs[0][...] = head
+    packed, mins, scales = bufs[-3:]
     _ext.quant_encode(bits.view(np.uint8), wire, esize, p["bits"], group,
                       ROUNDINGS.index(p["rounding"]), p["seed"], packed, mins.view(np.float32),
                       scales.view(np.float32), bittrick=bittrick, **opts)
-    return [packed, mins, scales, *escapes]
+    return [*bufs, *escapes]
 
 
 def _floats(buf: np.ndarray) -> np.ndarray:

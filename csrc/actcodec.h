@@ -85,8 +85,15 @@ int ac_bitmap_count(const uint8_t *bitmap, size_t n, size_t *nnz, const ac_optio
 int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size_t n,
                      int esize, void *dst, const ac_options *opt);
 
-/* A mask: element i is `value` (esize bytes: 1, 2, 4 or 8) where bitmap bit i is set, zero
- * bits elsewhere. AC_ECORRUPT (dst untouched) if a padding bit is set. */
+/* A mask: a tensor whose nonzero elements all have one bit pattern, stored as its bitmap and
+ * that value. Encode makes the bitmap of n elements of esize (1, 2, 4 or 8) bytes in one pass
+ * and sets *one_value to 1 when every nonzero element equals the first (whose bytes then go
+ * to value; zero bytes when there is none), else 0 (the bitmap is still right, value is
+ * not). The nonzero elements are compared block by block and never stored. */
+int ac_mask_encode(const void *src, size_t n, int esize, uint8_t *bitmap, void *value,
+                   size_t *nnz, int *one_value, const ac_options *opt);
+/* Decode: element i is `value` where bitmap bit i is set, zero bits elsewhere. AC_ECORRUPT
+ * (dst untouched) if a padding bit is set. */
 int ac_mask_decode(const uint8_t *bitmap, size_t n, const void *value, int esize, void *dst,
                    const ac_options *opt);
 
@@ -135,6 +142,30 @@ int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t
               const ac_options *opt);
 /* The stochastic-rounding uniform draw in [0, 1) (24 bits), for references and other backends. */
 float ac_uniform(uint64_t seed, uint64_t index);
+
+/* ---- the activation store (store.c) ----
+ * Memory the library maps itself for what a training step keeps from its forward pass to its
+ * backward, so that those lifetimes never fragment the process's heap. A block is a run of
+ * whole 4 KiB pages inside a segment; segments are mapped `grow_bytes` at a time (default
+ * 64 MiB; a larger block gets a segment of its own) and blocks are placed first-fit by
+ * address. A segment left empty is unmapped unless it is the only empty one, which the next
+ * step reuses without page faults. Thread-safe; blocks are not zeroed. */
+typedef struct ac_store ac_store;
+typedef struct {
+    size_t mapped_bytes;    /* the segments' bytes */
+    size_t used_bytes;      /* the pages of live blocks */
+    size_t peak_used_bytes; /* the most used_bytes since the store began or the last reset */
+    size_t blocks, segments;
+} ac_store_usage;
+ac_store *ac_store_new(size_t grow_bytes);         /* 0: 64 MiB. NULL if out of memory */
+void ac_store_delete(ac_store *s);                 /* unmaps everything, live blocks too */
+void *ac_store_alloc(ac_store *s, size_t nbytes);  /* page-aligned; NULL for 0 bytes or no memory */
+int ac_store_release(ac_store *s, void *p);        /* AC_EINVAL if p is no live block's start */
+/* Keeps the first nbytes of the block at p (at least one page) and gives the rest back;
+ * returns the bytes it now holds (0 if p is no live block's start). */
+size_t ac_store_shrink(ac_store *s, void *p, size_t nbytes);
+void ac_store_stats(ac_store *s, ac_store_usage *out);
+void ac_store_reset_peak(ac_store *s);
 
 /* ---- utilities ---- */
 /* Fast 64-bit checksum of a byte string (container format). Same value on every platform. */

@@ -177,34 +177,133 @@ int ac_bitmap_decode(const uint8_t *bitmap, const void *values, size_t nnz, size
     return AC_OK;
 }
 
-/* Elements [a, b) of a mask (a on a bitmap byte): `value` where the bit is set, else zero.
- * Stores go through memcpy of a fixed width, so dst needs no alignment. */
-#define MASK_RANGE(T)                                                                       \
-    static void mask_range_##T(const uint8_t *bitmap, size_t a, size_t b, const void *value, \
-                               unsigned char *dst) {                                        \
-        T v, zero = 0;                                                                      \
-        memcpy(&v, value, sizeof v);                                                        \
-        for (size_t i = a; i < b; i++) {                                                    \
-            T x = (bitmap[i / 8] >> (i % 8)) & 1u ? v : zero;                               \
-            memcpy(dst + i * sizeof(T), &x, sizeof x);                                      \
-        }                                                                                   \
-    }
-MASK_RANGE(uint8_t)
-MASK_RANGE(uint16_t)
-MASK_RANGE(uint32_t)
-MASK_RANGE(uint64_t)
+/* ---- masks ---- */
 
-static void mask_range(const uint8_t *bitmap, size_t a, size_t b, const void *value, int esize,
+/* The 8 bytes of a bool run for bitmap byte b: byte j is bit j of b (0 or 1). Byte j of the
+ * product keeps bit j of b; adding 0x7F sets a byte's top bit iff the byte was nonzero, with
+ * no carry out of it. */
+static inline uint64_t expand_bits(uint8_t b) {
+    uint64_t r = ((uint64_t)b * 0x0101010101010101ull) & 0x8040201008040201ull;
+    return ((r + 0x7F7F7F7F7F7F7F7Full) & 0x8080808080808080ull) >> 7;
+}
+
+/* Whether the n elements at p (n >= 1, aligned scratch) all equal the first; a plain loop the
+ * compiler vectorizes. */
+#define ALL_EQUAL(T)                                                                        \
+    static int all_equal_##T(const unsigned char *p, size_t n) {                            \
+        const T *v = (const T *)p;                                                          \
+        T diff = 0;                                                                         \
+        for (size_t i = 1; i < n; i++) diff |= v[i] ^ v[0];                                 \
+        return diff == 0;                                                                   \
+    }
+typedef uint16_t u16;
+typedef uint32_t u32;
+typedef uint64_t u64;
+ALL_EQUAL(u16)
+ALL_EQUAL(u32)
+ALL_EQUAL(u64)
+
+/* One block of a mask encode: bitmap bits, the nonzero count, the first nonzero element and
+ * whether every nonzero element equals it. Elements of 2, 4 or 8 bytes go through the bitmap
+ * kernel into scratch (L2-resident) and are compared there; bytes (bool) directly. */
+typedef struct {
+    size_t count;
+    uint64_t first;
+    int same;
+} mask_block;
+
+static mask_block mask_encode_block(const ac_kernels *k, const unsigned char *src, size_t len,
+                                    int esize, uint8_t *bitmap, unsigned char *scratch) {
+    mask_block r = {0, 0, 1};
+    if (esize == 1) {
+        k->bytes_bits(src, len, bitmap);
+        r.count = k->popcount(bitmap, ac_bitmap_nbytes(len));
+        size_t i = 0;
+        while (i < len && src[i] == 0) i++;
+        if (i == len) return r;
+        r.first = src[i];
+        unsigned char bad = 0, first = src[i];
+        for (; i < len; i++) bad |= (unsigned char)((src[i] != 0) & (src[i] != first));
+        r.same = bad == 0;
+        return r;
+    }
+    size_t c = k->bm_encode[ac_esize_index(esize)](src, len, bitmap, scratch, 0);
+    r.count = c;
+    if (c == 0) return r;
+    memcpy(&r.first, scratch, (size_t)esize);
+    r.same = esize == 2 ? all_equal_u16(scratch, c) : esize == 4 ? all_equal_u32(scratch, c)
+                                                                : all_equal_u64(scratch, c);
+    return r;
+}
+
+int ac_mask_encode(const void *src, size_t n, int esize, uint8_t *bitmap, void *value,
+                   size_t *nnz, int *one_value, const ac_options *opt) {
+    if ((esize != 1 && ac_esize_index(esize) < 0) || nnz == NULL || one_value == NULL ||
+        value == NULL)
+        return AC_EINVAL;
+    ac_call call;
+    int status = ac_call_from(opt, &call);
+    if (status != AC_OK) return status;
+    *nnz = 0;
+    *one_value = 0;
+    memset(value, 0, (size_t)esize);
+    if (n == 0) return AC_OK;
+    if (src == NULL || bitmap == NULL || n > SIZE_MAX / 8 / (size_t)esize) return AC_EINVAL;
+    size_t es = (size_t)esize, block = BLOCK_BYTES / es;
+    size_t nblocks = n / block + (n % block != 0);
+    int threads = ac_threads_for(call.threads, n * es, nblocks);
+    size_t stride = BLOCK_BYTES + AC_BITMAP_SLACK;
+    unsigned char *scratch = malloc(stride * (size_t)threads);
+    mask_block *blocks = malloc(nblocks * sizeof *blocks);
+    if (scratch == NULL || blocks == NULL) {
+        free(scratch);
+        free(blocks);
+        return AC_ENOMEM;
+    }
+    const unsigned char *s = src;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (long long b = 0; b < (long long)nblocks; b++) {
+        size_t start = (size_t)b * block, len = n - start < block ? n - start : block;
+#ifdef _OPENMP
+        unsigned char *mine = scratch + (size_t)omp_get_thread_num() * stride;
+#else
+        unsigned char *mine = scratch;
+#endif
+        blocks[b] = mask_encode_block(call.k, s + start * es, len, esize, bitmap + start / 8,
+                                      mine);
+    }
+    int same = 1, seen = 0;
+    uint64_t first = 0;
+    for (size_t b = 0; b < nblocks; b++) {
+        if (blocks[b].count == 0) continue;
+        *nnz += blocks[b].count;
+        same &= blocks[b].same && (!seen || blocks[b].first == first);
+        if (!seen) first = blocks[b].first;
+        seen = 1;
+    }
+    free(blocks);
+    free(scratch);
+    *one_value = seen && same;
+    if (*one_value) memcpy(value, &first, es);
+    return AC_OK;
+}
+
+/* Bool masks: eight output bytes per bitmap byte, from the table. */
+static void mask_bytes(const uint8_t *bitmap, size_t a, size_t b, uint8_t value,
                        unsigned char *dst) {
-    if (esize == 1) mask_range_uint8_t(bitmap, a, b, value, dst);
-    else if (esize == 2) mask_range_uint16_t(bitmap, a, b, value, dst);
-    else if (esize == 4) mask_range_uint32_t(bitmap, a, b, value, dst);
-    else mask_range_uint64_t(bitmap, a, b, value, dst);
+    for (size_t i = a; i < b; i += 8) {
+        uint64_t v = expand_bits(bitmap[i / 8]) * value; /* lanes are 0 or 1: no carries */
+        if (b - i >= 8) memcpy(dst + i, &v, 8);
+        else memcpy(dst + i, &v, b - i);
+    }
 }
 
 int ac_mask_decode(const uint8_t *bitmap, size_t n, const void *value, int esize, void *dst,
                    const ac_options *opt) {
-    if (esize != 1 && ac_esize_index(esize) < 0) return AC_EINVAL;
+    int idx = ac_esize_index(esize);
+    if (esize != 1 && idx < 0) return AC_EINVAL;
     ac_call call;
     int status = ac_call_from(opt, &call);
     if (status != AC_OK) return status;
@@ -215,13 +314,34 @@ int ac_mask_decode(const uint8_t *bitmap, size_t n, const void *value, int esize
     size_t es = (size_t)esize, block = BLOCK_BYTES / es;
     size_t nblocks = n / block + (n % block != 0);
     int threads = ac_threads_for(call.threads, n * es, nblocks);
-    (void)threads;
+    unsigned char *out = dst;
+    if (esize == 1) {
+        uint8_t v;
+        memcpy(&v, value, 1);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+        for (long long b = 0; b < (long long)nblocks; b++) {
+            size_t start = (size_t)b * block, end = n - start < block ? n : start + block;
+            mask_bytes(bitmap, start, end, v, out);
+        }
+        return AC_OK;
+    }
+    /* Wider elements: the bitmap decode kernels, reading every block's values from a block
+     * of copies of the value. */
+    unsigned char *copies = malloc(BLOCK_BYTES);
+    if (copies == NULL) return AC_ENOMEM;
+    for (size_t i = 0; i < block; i++) memcpy(copies + i * es, value, es);
+    const ac_kernels *k = call.k;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
     for (long long b = 0; b < (long long)nblocks; b++) {
-        size_t start = (size_t)b * block, end = n - start < block ? n : start + block;
-        mask_range(bitmap, start, end, value, esize, dst);
+        size_t start = (size_t)b * block, len = n - start < block ? n - start : block;
+        const uint8_t *bits = bitmap + start / 8;
+        k->bm_decode[idx](bits, len, copies, k->popcount(bits, ac_bitmap_nbytes(len)),
+                          out + start * es);
     }
+    free(copies);
     return AC_OK;
 }

@@ -148,8 +148,18 @@ AC_DEFINE_BITMAP_ENTRY_POINTS(AVX2_FN, 16, 2)
 AC_DEFINE_BITMAP_ENTRY_POINTS(AVX2_FN, 32, 4)
 AC_DEFINE_BITMAP_ENTRY_POINTS(AVX2_FN, 64, 8)
 
+AVX2_FN void bytes_bits_avx2(const uint8_t *src, size_t n, uint8_t *bitmap) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(src + i));
+        uint32_t bits = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_setzero_si256()));
+        memcpy(bitmap + i / 8, &bits, 4);
+    }
+    ac_bytes_bits_tail(src, i, n, bitmap);
+}
+
 int ac_kernels_avx2(ac_kernels *k) {
-    AC_FILL_BITMAP_TABLE(k, popcount_avx2);
+    AC_FILL_BITMAP_TABLE(k, popcount_avx2, bytes_bits_avx2);
     return 1;
 }
 

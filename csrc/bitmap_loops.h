@@ -76,9 +76,20 @@
         decode_loop(ES, bitmap, n, vals, nvals, dst);                                       \
     }
 
+/* The bytes-to-bits tail every ISA shares: bytes [i, n) one at a time (SIMD loops stop at
+ * a whole vector; the last bitmap byte may be partial). */
+static inline void ac_bytes_bits_tail(const uint8_t *src, size_t i, size_t n, uint8_t *bitmap) {
+    for (; i < n; i += 8) {
+        unsigned bits = 0;
+        for (size_t j = 0; j < 8 && i + j < n; j++) bits |= (unsigned)(src[i + j] != 0) << j;
+        bitmap[i / 8] = (uint8_t)bits;
+    }
+}
+
 /* Every bitmap table entry of one ISA file. */
-#define AC_FILL_BITMAP_TABLE(k, POPCOUNT)                                                   \
+#define AC_FILL_BITMAP_TABLE(k, POPCOUNT, BYTES_BITS)                                       \
     do {                                                                                    \
+        (k)->bytes_bits = BYTES_BITS;                                                       \
         (k)->bm_encode[1] = bm_encode_16;                                                   \
         (k)->bm_encode[2] = bm_encode_32;                                                   \
         (k)->bm_encode[3] = bm_encode_64;                                                   \

@@ -137,8 +137,23 @@ AC_DEFINE_BITMAP_ENTRY_POINTS(static, 16, 2)
 AC_DEFINE_BITMAP_ENTRY_POINTS(static, 32, 4)
 AC_DEFINE_BITMAP_ENTRY_POINTS(static, 64, 8)
 
+/* Sixteen bytes: each nonzero lane keeps its bit weight (1, 2, ..., 128 in each half), and
+ * the halves' sums are the two bitmap bytes. */
+static void bytes_bits_neon(const uint8_t *src, size_t n, uint8_t *bitmap) {
+    static const uint8_t weights[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t w = vld1q_u8(weights);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        uint8x16_t v = vld1q_u8(src + i);
+        uint8x16_t m = vandq_u8(vtstq_u8(v, v), w);
+        bitmap[i / 8] = (uint8_t)vaddv_u8(vget_low_u8(m));
+        bitmap[i / 8 + 1] = (uint8_t)vaddv_u8(vget_high_u8(m));
+    }
+    ac_bytes_bits_tail(src, i, n, bitmap);
+}
+
 int ac_kernels_neon(ac_kernels *k) {
-    AC_FILL_BITMAP_TABLE(k, popcount_neon);
+    AC_FILL_BITMAP_TABLE(k, popcount_neon, bytes_bits_neon);
     return 1;
 }
 

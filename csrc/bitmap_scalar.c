@@ -77,7 +77,21 @@ static size_t popcount_scalar(const uint8_t *p, size_t nbytes) {
     return total;
 }
 
+/* Eight bytes at a time: the top bit of each nonzero byte, gathered into one byte by a
+ * multiply (byte j's bit lands at bit 56 + j, no carries). */
+static void bytes_bits_scalar(const uint8_t *src, size_t n, uint8_t *bitmap) {
+    const uint64_t low7 = 0x7F7F7F7F7F7F7F7Full;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, src + i, 8);
+        uint64_t top = (((x & low7) + low7) | x) & ~low7;
+        bitmap[i / 8] = (uint8_t)(((top >> 7) * 0x0102040810204080ull) >> 56);
+    }
+    ac_bytes_bits_tail(src, i, n, bitmap);
+}
+
 int ac_kernels_scalar(ac_kernels *k) {
-    AC_FILL_BITMAP_TABLE(k, popcount_scalar);
+    AC_FILL_BITMAP_TABLE(k, popcount_scalar, bytes_bits_scalar);
     return 1;
 }

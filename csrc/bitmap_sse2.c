@@ -134,8 +134,18 @@ AC_DEFINE_BITMAP_ENTRY_POINTS(static, 16, 2)
 AC_DEFINE_BITMAP_ENTRY_POINTS(static, 32, 4)
 AC_DEFINE_BITMAP_ENTRY_POINTS(static, 64, 8)
 
+static void bytes_bits_sse2(const uint8_t *src, size_t n, uint8_t *bitmap) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        unsigned zero = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(load(src + i), _mm_setzero_si128()));
+        uint16_t bits = (uint16_t)~zero;
+        memcpy(bitmap + i / 8, &bits, 2);
+    }
+    ac_bytes_bits_tail(src, i, n, bitmap);
+}
+
 int ac_kernels_sse2(ac_kernels *k) {
-    AC_FILL_BITMAP_TABLE(k, popcount_sse2);
+    AC_FILL_BITMAP_TABLE(k, popcount_sse2, bytes_bits_sse2);
     return 1;
 }
 

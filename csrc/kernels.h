@@ -23,6 +23,9 @@ typedef void (*ac_bm_decode_fn)(const uint8_t *bitmap, size_t n, const void *val
                                 void *dst);
 /* Number of set bits in nbytes bytes. */
 typedef size_t (*ac_popcount_fn)(const uint8_t *p, size_t nbytes);
+/* The bitmap of n bytes (bools): bit i set iff src[i] != 0; writes ceil(n/8) bytes, padding
+ * bits zero. */
+typedef void (*ac_bytes_bits_fn)(const uint8_t *src, size_t n, uint8_t *bitmap);
 
 /* Quantization kernels work on float32 runs (float pointers 4-byte aligned); the driver
  * converts other dtypes tile by tile. See actcodec.h for the math they must match exactly.
@@ -60,6 +63,7 @@ typedef struct {
     ac_bm_encode_fn bm_encode[4];  /* index: 1 = 2-byte, 2 = 4-byte, 3 = 8-byte elements */
     ac_bm_decode_fn bm_decode[4];
     ac_popcount_fn popcount;
+    ac_bytes_bits_fn bytes_bits;
     ac_minmax_fn minmax;
     ac_quantize_fn quantize[2][2];   /* [bit trick?][rounding] */
     ac_minmax_groups_fn minmax_groups;

@@ -266,6 +266,35 @@ static void popcount_tests(void) {
     }
 }
 
+/* bytes_bits (bool masks) of every table against the model: bit i set iff byte i is not zero,
+ * padding bits zero, nothing written past the bitmap; bytes of every value, odd lengths and
+ * offsets. */
+static void bytes_bits_tests(void) {
+    for (size_t n = 0; n <= 600 + 70000; n += n < 600 ? 1 : 9973) {
+        const size_t off = rnd() % 16, nb = (n + 7) / 8;
+        unsigned char *block = xmalloc(off + n), *src = block + off;
+        int kind = (int)(rnd() % 4);
+        for (size_t i = 0; i < n; i++)
+            src[i] = kind == 0 ? (unsigned char)(rnd() & 1)                  /* numpy bools */
+                   : kind == 1 ? (unsigned char)rnd()                        /* any byte */
+                   : kind == 2 ? (unsigned char)(rnd() % 8 ? 0 : 0x80)      /* sparse, top bit */
+                               : (unsigned char)(rnd() % 8 ? 0xFF : 0);
+        uint8_t *want = xmalloc(nb), *got = xmalloc(nb + GUARD);
+        memset(want, 0, nb);
+        for (size_t i = 0; i < n; i++) want[i / 8] |= (uint8_t)((src[i] != 0) << (i % 8));
+        for (int t = 0; t < n_isas; t++) {
+            memset(got, CANARY, nb + GUARD);
+            isas[t].k.bytes_bits(src, n, got);
+            report(memcmp(got, want, nb) == 0 && canary_ok(got + nb, GUARD),
+                   "bytes_bits isa=%s n=%zu off=%zu kind=%d", ac_isa_name(isas[t].isa), n, off,
+                   kind);
+        }
+        free(got);
+        free(want);
+        free(block);
+    }
+}
+
 /* ---- sampled nonzero counts ---- */
 
 static void sample_tests(void) {
@@ -335,6 +364,12 @@ static void api_argument_tests(void) {
     report(ac_bitmap_decode(bm, v, 2, 1, 2, x, NULL) == AC_ECORRUPT, "decode nnz > n -> ECORRUPT");
     report(ac_mask_decode(bm, 1, v, 3, x, NULL) == AC_EINVAL, "mask decode esize 3 -> EINVAL");
     report(ac_mask_decode(bm, 0, NULL, 2, NULL, NULL) == AC_OK, "mask decode n=0");
+    int one = 5;
+    unsigned char value[8];
+    report(ac_mask_encode(x, 1, 3, bm, value, &nnz, &one, NULL) == AC_EINVAL,
+           "mask encode esize 3 -> EINVAL");
+    report(ac_mask_encode(x, 0, 2, bm, value, &nnz, &one, NULL) == AC_OK && nnz == 0 && one == 0,
+           "mask encode n=0");
     report(ac_bitmap_nbytes(0) == 0 && ac_bitmap_nbytes(1) == 1 && ac_bitmap_nbytes(8) == 1 &&
                ac_bitmap_nbytes(9) == 2, "ac_bitmap_nbytes");
     /* Options out of range are refused by every entry point before anything is written. */
@@ -349,6 +384,8 @@ static void api_argument_tests(void) {
                "decode with bad options %d -> EINVAL", i);
         report(ac_bitmap_count(bm, 1, &nnz, &bad[i]) == AC_EINVAL, "count with bad options %d", i);
         report(ac_mask_decode(bm, 1, v, 2, x, &bad[i]) == AC_EINVAL, "mask with bad options %d", i);
+        report(ac_mask_encode(x, 1, 2, bm, value, &nnz, &one, &bad[i]) == AC_EINVAL,
+               "mask encode with bad options %d", i);
     }
     for (int isa = 0; isa < AC_ISA_COUNT; isa++) {
         if (ac_isa_available(isa)) continue;
@@ -448,9 +485,48 @@ static void api_roundtrip(int es, size_t n, uint64_t thr) {
     free(src);
 }
 
+/* ac_mask_encode of `src` (n elements of es bytes, whose bitmap is bm): the bitmap, count and
+ * value, nothing written past the bitmap; with `differ`, one element changed to another
+ * nonzero pattern, which must turn one_value off and leave the bitmap right. */
+static void mask_encode_case(const unsigned char *src, size_t n, int es, const uint8_t *bm,
+                             size_t want_nnz, const unsigned char *value, int differ) {
+    const size_t nb = ac_bitmap_nbytes(n);
+    unsigned char *in = xmalloc(n * (size_t)es + 1);
+    memcpy(in, src, n * (size_t)es);
+    if (differ) { /* the second nonzero element, if there is one */
+        size_t i = 0, seen = 0;
+        for (; i < n; i++)
+            if ((bm[i / 8] >> (i % 8) & 1) && ++seen == 2) break;
+        if (i == n) { free(in); return; }
+        in[i * es] ^= 0x02; /* still nonzero: the value's low byte is odd */
+    }
+    uint8_t *out = xmalloc(nb + GUARD);
+    for (int t = 0; t < n_isas; t++)
+        for (int threads = 1; threads <= 2; threads++) {
+            const ac_options o = opts(isas[t].isa, threads);
+            unsigned char got_value[8] = {0};
+            size_t nnz = 7;
+            int one = -1;
+            memset(out, CANARY, nb + GUARD);
+            int rc = ac_mask_encode(in, n, es, out, got_value, &nnz, &one, &o);
+            int ok = rc == AC_OK && nnz == want_nnz && memcmp(out, bm, nb) == 0 &&
+                     canary_ok(out + nb, GUARD);
+            static const unsigned char zeros[8] = {0};
+            if (differ) ok = ok && one == 0;
+            else ok = ok && one == (want_nnz > 0) &&
+                      memcmp(got_value, want_nnz ? value : zeros, (size_t)es) == 0;
+            report(ok, "mask encode isa=%s threads=%d es=%d n=%zu differ=%d: rc=%d nnz=%zu/%zu "
+                   "one=%d", ac_isa_name(isas[t].isa), threads, es, n, differ, rc, nnz,
+                   want_nnz, one);
+        }
+    free(out);
+    free(in);
+}
+
 /* ac_mask_decode against the model (value where the bit is set, zero bits elsewhere) at
  * every width, odd lengths and offsets, each path and thread count; nothing written outside
- * dst; a set padding bit refused with dst untouched. */
+ * dst; a set padding bit refused with dst untouched. The model's masks go through
+ * ac_mask_encode too. */
 static void mask_tests(void) {
     static const size_t sizes[] = {0, 1, 7, 8, 9, 63, 64, 65, 1000, 300007, 1000003};
     static const int widths[4] = {1, 2, 4, 8};
@@ -463,15 +539,19 @@ static void mask_tests(void) {
             for (size_t i = 0; i < nb; i++) bm[i] = (uint8_t)rnd();
             if (n % 8) bm[nb - 1] &= (uint8_t)((1u << (n % 8)) - 1);
             unsigned char value[8], *want = xmalloc(bytes);
-            uint64_t v = rnd_nonzero(es > 1 ? es : 2) & width_mask(es > 1 ? es : 2);
-            if (es == 1) v = (v & 0xFF) ? (v & 0xFF) : 1;
+            uint64_t v = rnd_nonzero(es > 1 ? es : 2) | 1; /* odd: the differ case stays nonzero */
+            if (es == 1) value[0] = (unsigned char)(v & 0xFF);
             else put_elem(value, es, v);
-            if (es == 1) value[0] = (unsigned char)v;
+            if (es == 1) v = value[0];
             for (size_t i = 0; i < n; i++) {
                 int set = (bm[i / 8] >> (i % 8)) & 1;
                 if (es == 1) want[i] = set ? value[0] : 0;
                 else put_elem(want + i * es, es, set ? v : 0);
             }
+            size_t set = 0;
+            for (size_t i = 0; i < n; i++) set += (bm[i / 8] >> (i % 8)) & 1;
+            mask_encode_case(want, n, es, bm, set, value, 0);
+            mask_encode_case(want, n, es, bm, set, value, 1);
             unsigned char *block = xmalloc(off + bytes + GUARD), *dst = block + off;
             for (int t = 0; t < n_isas; t++)
                 for (int threads = 1; threads <= 2; threads++) {
@@ -546,6 +626,7 @@ int main(void) {
     unsigned long long before = n_passed + n_failed;
     kernel_tests();
     popcount_tests();
+    bytes_bits_tests();
     sample_tests();
     printf("kernels: %llu cases\n", n_passed + n_failed - before);
 
