@@ -145,19 +145,25 @@ float ac_uniform(uint64_t seed, uint64_t index);
 
 /* ---- the activation store (store.c) ----
  * Memory the library maps itself for what a training step keeps from its forward pass to its
- * backward, so that those lifetimes never fragment the process's heap. A block is a run of
- * whole 4 KiB pages inside a segment; segments are mapped `grow_bytes` at a time (default
- * 64 MiB; a larger block gets a segment of its own) and blocks are placed first-fit by
- * address. A segment left empty is unmapped unless it is the only empty one, which the next
- * step reuses without page faults. Thread-safe; blocks are not zeroed. */
+ * backward (or, opted in, for torch's large tensors), so that those lifetimes never fragment
+ * the process's heap. Address space is reserved a region at a time (`reserve_bytes`; 0: 32 GiB
+ * on 64-bit systems, less where the system refuses that much; a larger block gets a region of
+ * its own) and pages become resident when a block first reaches them. A block is a run of
+ * whole 4 KiB pages. The first region records each step (a period between resets): at a
+ * reset it plans where each block of the step just ended goes next time, largest first around
+ * what is still live (store_plan.c), and a repeated step's requests, matched by size in order,
+ * land there, so the step fits its peak of simultaneous use; a request the plan does not
+ * know goes first-fit above the plan. A reset gives back the pages above what the plan and
+ * the live blocks need. Thread-safe; blocks are not zeroed. */
 typedef struct ac_store ac_store;
 typedef struct {
-    size_t mapped_bytes;    /* the segments' bytes */
+    size_t reserved_bytes;  /* address space of the regions */
+    size_t mapped_bytes;    /* pages that may be resident: reached by a block, not given back */
     size_t used_bytes;      /* the pages of live blocks */
     size_t peak_used_bytes; /* the most used_bytes since the store began or the last reset */
-    size_t blocks, segments;
+    size_t blocks, regions;
 } ac_store_usage;
-ac_store *ac_store_new(size_t grow_bytes);         /* 0: 64 MiB. NULL if out of memory */
+ac_store *ac_store_new(size_t reserve_bytes);      /* NULL if out of memory */
 void ac_store_delete(ac_store *s);                 /* unmaps everything, live blocks too */
 void *ac_store_alloc(ac_store *s, size_t nbytes);  /* page-aligned; NULL for 0 bytes or no memory */
 int ac_store_release(ac_store *s, void *p);        /* AC_EINVAL if p is no live block's start */
@@ -165,6 +171,8 @@ int ac_store_release(ac_store *s, void *p);        /* AC_EINVAL if p is no live 
  * returns the bytes it now holds (0 if p is no live block's start). */
 size_t ac_store_shrink(ac_store *s, void *p, size_t nbytes);
 void ac_store_stats(ac_store *s, ac_store_usage *out);
+/* Ends a step (a period): plans the next from it, gives back the pages neither the plan nor a
+ * live block needs, and starts a new peak at the current use. */
 void ac_store_reset_peak(ac_store *s);
 
 /* ---- utilities ---- */

@@ -1,12 +1,15 @@
 /* The activation store: memory the library maps itself for what a training step keeps from
- * its forward pass to its backward (see actcodec.h). Segments are mapped `grow` bytes at a
- * time (a block larger than that gets a segment of its own); a block is a run of whole pages
- * inside one segment, placed first-fit by address so that a step's blocks pack toward the
- * start of the first segments. Each page's run is described by boundary tags: the first and
- * the last page of every run, allocated or free, hold its length and whether it is free, so a
- * released run merges with its free neighbours in constant time. A segment left empty is
- * unmapped unless it is the only empty one: the next step reuses it without page faults, and
- * a step that needs less gives the rest back. */
+ * its forward pass to its backward, or (a store of its own, through actcodec.torch.allocator)
+ * for torch's large tensors (see actcodec.h). A region of address space is reserved at once (32 GiB on 64-bit
+ * systems; a block larger than that gets a region of its own) and pages become resident only
+ * when a block first reaches them. A block is a run of whole pages inside one region, placed
+ * first-fit, so the same sequence of requests lands where it did the step before, on pages
+ * already resident. Each page run is described by boundary tags: the first and the last
+ * page of every run, allocated or free, hold its length and whether it is free, so a released
+ * run merges with its free neighbours in constant time. At each reset (a step boundary) the
+ * pages of a region above the highest block of the step that just ended are given back to the
+ * system: a step that needs less than the one before gives the difference back at its end
+ * (DAF 3.4.4), and one that needs the same as the last one never faults. */
 #if !defined(_WIN32) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS and madvise under -std=c11 */
 #endif
@@ -15,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "actcodec.h"
+#include "store_plan.h"
 #if defined(_WIN32)
 #include <windows.h>
 #define ac_yield() SwitchToThread()
@@ -28,19 +32,37 @@
 #define PAGE ((size_t)4096)
 #define FREE_BIT 0x80000000u   /* in a boundary tag: the run is free */
 #define MAX_RUN 0x7FFFFFFFu    /* pages in one run: 8 TiB */
+#define DEFAULT_RESERVE (sizeof(void *) >= 8 ? (size_t)1 << 35 : (size_t)1 << 28)
+#define MIN_RESERVE ((size_t)64 << 20)
+#define MAX_USES 65536    /* allocations a period records; beyond, the next one has no plan */
+#define MAX_PLANNED 4096  /* blocks a plan places (it costs O(n^2 log n) at the reset) */
+#define LOOKAHEAD 8       /* plan entries a request may skip to find its own */
 
 typedef struct {
     unsigned char *base;
     size_t npages, used_pages;
+    size_t touched;        /* pages [0, touched) may be resident; none above it is */
+    size_t high;           /* the highest block end since the last reset */
     uint32_t *head, *tail; /* boundary tags: length (| FREE_BIT) at a run's first/last page */
-} segment;
+    uint32_t *owner;       /* at a block's first page: 1 + its index in the period's uses */
+} region;
 
+/* A period runs from one reset to the next (a training step). The store records where and
+ * when the first region's blocks of a period live (`uses`, in the order they came) and, at
+ * the reset, plans where each of them goes the next time (store_plan.h); the next period
+ * follows the plan while its requests match the recorded ones, and places the rest first-fit
+ * above what the plan spans. */
 struct ac_store {
     atomic_flag lock;
-    size_t grow_pages;
-    segment *segs;
-    size_t nsegs, cap;
-    size_t used_pages, peak_pages, mapped_pages, blocks;
+    size_t reserve_pages;
+    region *regs;
+    size_t nregs, cap;
+    size_t used_pages, peak_pages, touched_pages, blocks;
+    plan_block *uses;       /* this period's allocations in region 0 */
+    size_t nuses, ucap, clock; /* clock: allocations and releases so far this period */
+    int lost;               /* a use went unrecorded (out of memory): no plan from this period */
+    plan_block *plan;       /* the last period's uses, placed: .pages and .at */
+    size_t nplan, next, plan_top; /* next: the plan entry the next request is matched with */
 };
 
 static void lock(ac_store *s) {
@@ -50,20 +72,26 @@ static void lock(ac_store *s) {
 }
 static void unlock(ac_store *s) { atomic_flag_clear_explicit(&s->lock, memory_order_release); }
 
-static void *map_pages(size_t bytes) {
+/* Address space only: nothing is resident, or counted against the system's commit limit,
+ * until committed. `huge`: ask for transparent huge pages (a hint; fewer faults and TLB
+ * misses on large blocks). */
+static void *reserve(size_t bytes, int huge) {
 #if defined(_WIN32)
-    return VirtualAlloc(NULL, bytes, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+    (void)huge;
+    return VirtualAlloc(NULL, bytes, MEM_RESERVE, PAGE_NOACCESS);
 #else
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return NULL;
 #if defined(MADV_HUGEPAGE)
-    if (bytes >= ((size_t)2 << 20)) madvise(p, bytes, MADV_HUGEPAGE); /* a hint; may be off */
+    if (huge) madvise(p, bytes, MADV_HUGEPAGE);
+#else
+    (void)huge;
 #endif
     return p;
 #endif
 }
 
-static void unmap_pages(void *p, size_t bytes) {
+static void unreserve(void *p, size_t bytes) {
 #if defined(_WIN32)
     (void)bytes;
     VirtualFree(p, 0, MEM_RELEASE);
@@ -72,8 +100,28 @@ static void unmap_pages(void *p, size_t bytes) {
 #endif
 }
 
+/* Makes reserved [p, p + bytes) usable (pages become resident when first written); 0 on
+ * success. */
+static int commit(void *p, size_t bytes) {
+#if defined(_WIN32)
+    return VirtualAlloc(p, bytes, MEM_COMMIT, PAGE_READWRITE) == NULL;
+#else
+    return mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0;
+#endif
+}
+
+/* Gives the pages of committed [p, p + bytes) back to the system; the range stays reserved. */
+static void decommit(void *p, size_t bytes) {
+#if defined(_WIN32)
+    VirtualFree(p, bytes, MEM_DECOMMIT);
+#else
+    madvise(p, bytes, MADV_DONTNEED);
+    mprotect(p, bytes, PROT_NONE);
+#endif
+}
+
 /* Marks pages [a, a + n) of g as one run. */
-static void set_run(segment *g, size_t a, size_t n, int is_free) {
+static void set_run(region *g, size_t a, size_t n, int is_free) {
     uint32_t tag = (uint32_t)n | (is_free ? FREE_BIT : 0u);
     g->head[a] = tag;
     g->tail[a + n - 1] = tag;
@@ -82,73 +130,140 @@ static void set_run(segment *g, size_t a, size_t n, int is_free) {
 static int is_free_run(uint32_t tag) { return (tag & FREE_BIT) != 0; }
 static size_t run_len(uint32_t tag) { return tag & ~FREE_BIT; }
 
-ac_store *ac_store_new(size_t grow_bytes) {
-    if (grow_bytes == 0) grow_bytes = (size_t)64 << 20;
-    size_t pages = (grow_bytes + PAGE - 1) / PAGE;
+ac_store *ac_store_new(size_t reserve_bytes) {
+    if (reserve_bytes == 0) reserve_bytes = DEFAULT_RESERVE;
+    size_t pages = reserve_bytes / PAGE + (reserve_bytes % PAGE != 0);
     if (pages > MAX_RUN) return NULL;
     ac_store *s = calloc(1, sizeof *s);
     if (s == NULL) return NULL;
     atomic_flag_clear(&s->lock);
-    s->grow_pages = pages;
+    s->reserve_pages = pages;
     return s;
 }
 
-static void drop_segment(ac_store *s, size_t i) {
-    segment *g = &s->segs[i];
-    unmap_pages(g->base, g->npages * PAGE);
-    s->mapped_pages -= g->npages;
-    free(g->head);
-    free(g->tail);
-    s->segs[i] = s->segs[--s->nsegs];
+static void drop_region(ac_store *s, size_t i) {
+    region *g = &s->regs[i];
+    unreserve(g->base, g->npages * PAGE);
+    unreserve(g->head, 3 * g->npages * sizeof(uint32_t));
+    s->touched_pages -= g->touched;
+    memmove(g, g + 1, (s->nregs - i - 1) * sizeof *g); /* keep the order: first fit by age */
+    s->nregs--;
 }
 
 void ac_store_delete(ac_store *s) {
     if (s == NULL) return;
-    while (s->nsegs) drop_segment(s, s->nsegs - 1);
-    free(s->segs);
+    while (s->nregs) drop_region(s, s->nregs - 1);
+    free(s->regs);
+    free(s->uses);
+    free(s->plan);
     free(s);
 }
 
-/* A new segment of at least `pages` pages (the grow step, or more); its index, or -1. */
-static long add_segment(ac_store *s, size_t pages) {
-    size_t n = pages > s->grow_pages ? pages : s->grow_pages;
-    if (n > MAX_RUN) return -1;
-    if (s->nsegs == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 8;
-        segment *grown = realloc(s->segs, cap * sizeof *grown);
+/* A new region of at least `pages` pages (the reservation, or halves of it down to `pages`
+ * where the system refuses that much address space); its index, or -1. */
+static long add_region(ac_store *s, size_t pages) {
+    if (s->nregs == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 4;
+        region *grown = realloc(s->regs, cap * sizeof *grown);
         if (grown == NULL) return -1;
-        s->segs = grown;
+        s->regs = grown;
         s->cap = cap;
     }
-    segment g = {map_pages(n * PAGE), n, 0, calloc(n, sizeof(uint32_t)),
-                 calloc(n, sizeof(uint32_t))};
-    if (g.base == NULL || g.head == NULL || g.tail == NULL) {
-        if (g.base) unmap_pages(g.base, n * PAGE);
-        free(g.head);
-        free(g.tail);
-        return -1;
+    size_t n = pages > s->reserve_pages ? pages : s->reserve_pages;
+    for (;;) {
+        region g = {reserve(n * PAGE, 1), n, 0, 0, 0, NULL, NULL, NULL};
+        /* The tags are reserved too: only the pages holding tags in use become resident. */
+        uint32_t *tags = g.base ? reserve(3 * n * sizeof(uint32_t), 0) : NULL;
+        if (tags != NULL && commit(tags, 3 * n * sizeof(uint32_t)) == 0) {
+            g.head = tags;
+            g.tail = tags + n;
+            g.owner = tags + 2 * n;
+            set_run(&g, 0, n, 1);
+            s->regs[s->nregs] = g;
+            return (long)s->nregs++;
+        }
+        if (tags) unreserve(tags, 3 * n * sizeof(uint32_t));
+        if (g.base) unreserve(g.base, n * PAGE);
+        if (n / 2 < pages || n / 2 < MIN_RESERVE / PAGE) return -1;
+        n /= 2;
     }
-    set_run(&g, 0, n, 1);
-    s->segs[s->nsegs] = g;
-    s->mapped_pages += n;
-    return (long)s->nsegs++;
 }
 
-/* First fit in g: the start of a free run of at least n pages, or npages. */
-static size_t find_run(const segment *g, size_t n) {
-    for (size_t a = 0; a < g->npages; a += run_len(g->head[a]))
-        if (is_free_run(g->head[a]) && run_len(g->head[a]) >= n) return a;
+/* First fit in g at or above page `lo`: where n pages go (npages if nowhere), and the start
+ * of the free run they come from in *run. The lowest address wins, so blocks pack toward the
+ * region's start. */
+static size_t find_run(const region *g, size_t n, size_t lo, size_t *run) {
+    for (size_t a = 0; a < g->npages; a += run_len(g->head[a])) {
+        size_t len = run_len(g->head[a]), at = a > lo ? a : lo;
+        if (is_free_run(g->head[a]) && at < a + len && a + len - at >= n) {
+            *run = a;
+            return at;
+        }
+    }
     return g->npages;
 }
 
-/* Takes pages [a, a + n) from the free run starting at a. */
-static void take(ac_store *s, segment *g, size_t a, size_t n) {
-    size_t have = run_len(g->head[a]);
-    set_run(g, a, n, 0);
-    if (have > n) set_run(g, a + n, have - n, 1);
+/* Whether pages [at, at + n) of g are free; the free run holding them in *run. */
+static int is_free(const region *g, size_t at, size_t n, size_t *run) {
+    for (size_t a = 0; a < g->npages; a += run_len(g->head[a])) {
+        size_t len = run_len(g->head[a]);
+        if (at < a + len) {
+            *run = a;
+            return is_free_run(g->head[a]) && at + n <= a + len;
+        }
+    }
+    return 0;
+}
+
+/* Takes pages [at, at + n) from the free run starting at `run`; 0 on success. */
+static int take(ac_store *s, region *g, size_t run, size_t at, size_t n) {
+    if (at + n > g->touched) {
+        if (commit(g->base + g->touched * PAGE, (at + n - g->touched) * PAGE) != 0) return -1;
+        s->touched_pages += at + n - g->touched;
+        g->touched = at + n;
+    }
+    size_t have = run_len(g->head[run]);
+    if (at > run) { /* the run's head stays free */
+        g->tail[run + have - 1] = 0;
+        set_run(g, run, at - run, 1);
+    }
+    set_run(g, at, n, 0);
+    if (run + have > at + n) set_run(g, at + n, run + have - at - n, 1);
+    if (at + n > g->high) g->high = at + n;
     g->used_pages += n;
     s->used_pages += n;
     if (s->used_pages > s->peak_pages) s->peak_pages = s->used_pages;
+    s->blocks++;
+    return 0;
+}
+
+/* Where the plan puts the next request of n pages: the next entry, or one a few entries on
+ * when the step skipped some (LOOKAHEAD); npages when none matches or its pages are taken. */
+static size_t planned(ac_store *s, size_t n, size_t *run) {
+    const region *g = &s->regs[0];
+    for (size_t j = s->next; j < s->nplan && j < s->next + LOOKAHEAD; j++) {
+        if (s->plan[j].pages != n) continue;
+        if (!is_free(g, s->plan[j].at, n, run)) return g->npages;
+        s->next = j + 1;
+        return s->plan[j].at;
+    }
+    return g->npages;
+}
+
+/* Records a block of region 0 among the period's uses. */
+static void record(ac_store *s, size_t at, size_t n) {
+    if (s->nuses == s->ucap) {
+        size_t cap = s->ucap ? 2 * s->ucap : 256;
+        plan_block *grown = cap <= MAX_USES ? realloc(s->uses, cap * sizeof *grown) : NULL;
+        if (grown == NULL) {
+            s->lost = 1;
+            return;
+        }
+        s->uses = grown;
+        s->ucap = cap;
+    }
+    s->uses[s->nuses] = (plan_block){n, s->clock, SIZE_MAX, at};
+    s->regs[0].owner[at] = (uint32_t)++s->nuses;
 }
 
 void *ac_store_alloc(ac_store *s, size_t nbytes) {
@@ -156,31 +271,37 @@ void *ac_store_alloc(ac_store *s, size_t nbytes) {
     size_t n = (nbytes + PAGE - 1) / PAGE;
     lock(s);
     void *p = NULL;
-    /* Segments in the order they were mapped: the oldest fill first. */
-    for (size_t i = 0; i < s->nsegs && p == NULL; i++) {
-        size_t a = find_run(&s->segs[i], n);
-        if (a < s->segs[i].npages) {
-            take(s, &s->segs[i], a, n);
-            p = s->segs[i].base + a * PAGE;
+    if (s->nregs) { /* region 0: the plan, else first fit (above the plan, if there is one) */
+        region *g = &s->regs[0];
+        size_t run, at = planned(s, n, &run);
+        if (at == g->npages) at = find_run(g, n, s->nplan ? s->plan_top : 0, &run);
+        if (at < g->npages && take(s, g, run, at, n) == 0) {
+            p = g->base + at * PAGE;
+            record(s, at, n);
         }
+    }
+    for (size_t i = 1; i < s->nregs && p == NULL; i++) {
+        size_t run, at = find_run(&s->regs[i], n, 0, &run);
+        if (at < s->regs[i].npages && take(s, &s->regs[i], run, at, n) == 0)
+            p = s->regs[i].base + at * PAGE;
     }
     if (p == NULL) {
-        long i = add_segment(s, n);
-        if (i >= 0) {
-            take(s, &s->segs[i], 0, n);
-            p = s->segs[i].base;
+        long i = add_region(s, n);
+        if (i >= 0 && take(s, &s->regs[i], 0, 0, n) == 0) {
+            p = s->regs[i].base;
+            if (i == 0) record(s, 0, n);
         }
     }
-    if (p != NULL) s->blocks++;
+    s->clock++;
     unlock(s);
     return p;
 }
 
-/* The segment holding p, and p's page in it; -1 if p is no block's start. */
+/* The region holding p, and p's page in it; -1 if p is no block's start. */
 static long locate(const ac_store *s, const void *p, size_t *page) {
     const unsigned char *q = p;
-    for (size_t i = 0; i < s->nsegs; i++) {
-        const segment *g = &s->segs[i];
+    for (size_t i = 0; i < s->nregs; i++) {
+        const region *g = &s->regs[i];
         if (q < g->base || q >= g->base + g->npages * PAGE) continue;
         size_t off = (size_t)(q - g->base);
         if (off % PAGE) return -1;
@@ -191,10 +312,8 @@ static long locate(const ac_store *s, const void *p, size_t *page) {
     return -1;
 }
 
-/* Frees the allocated run [a, a + n) of segment i, merging it with free neighbours; unmaps
- * the segment if it is now empty and another empty one is kept already. */
-static void give_back(ac_store *s, size_t i, size_t a, size_t n) {
-    segment *g = &s->segs[i];
+/* Frees the allocated run [a, a + n) of region g, merging it with free neighbours. */
+static void give_back(ac_store *s, region *g, size_t a, size_t n) {
     g->used_pages -= n;
     s->used_pages -= n;
     size_t start = a, len = n;
@@ -213,12 +332,6 @@ static void give_back(ac_store *s, size_t i, size_t a, size_t n) {
     if (start != a) g->head[a] = 0;
     if (start + len - 1 != a + n - 1) g->tail[a + n - 1] = 0;
     set_run(g, start, len, 1);
-    if (g->used_pages) return;
-    for (size_t j = 0; j < s->nsegs; j++)
-        if (j != i && s->segs[j].used_pages == 0) { /* one empty segment is enough */
-            drop_segment(s, s->segs[i].npages > s->segs[j].npages ? i : j);
-            return;
-        }
 }
 
 int ac_store_release(ac_store *s, void *p) {
@@ -227,8 +340,14 @@ int ac_store_release(ac_store *s, void *p) {
     size_t a;
     long i = locate(s, p, &a);
     if (i >= 0) {
-        give_back(s, (size_t)i, a, run_len(s->segs[i].head[a]));
+        region *g = &s->regs[i];
+        if (i == 0 && g->owner[a]) { /* a use of this period: it ends now */
+            s->uses[g->owner[a] - 1].end = s->clock;
+            g->owner[a] = 0;
+        }
+        give_back(s, g, a, run_len(g->head[a]));
         s->blocks--;
+        s->clock++;
     }
     unlock(s);
     return i >= 0 ? AC_OK : AC_EINVAL;
@@ -240,14 +359,15 @@ size_t ac_store_shrink(ac_store *s, void *p, size_t nbytes) {
     size_t a, kept = 0;
     long i = locate(s, p, &a);
     if (i >= 0) {
-        segment *g = &s->segs[i];
+        region *g = &s->regs[i];
         size_t have = run_len(g->head[a]);
         size_t want = nbytes == 0 ? 1 : (nbytes + PAGE - 1) / PAGE; /* a block keeps a page */
         if (want < have) {
+            if (i == 0 && g->owner[a]) s->uses[g->owner[a] - 1].pages = want;
             g->tail[a + have - 1] = 0;
             set_run(g, a, want, 0);
             set_run(g, a + want, have - want, 0);
-            give_back(s, (size_t)i, a + want, have - want);
+            give_back(s, g, a + want, have - want);
             have = want;
         }
         kept = have * PAGE;
@@ -259,17 +379,86 @@ size_t ac_store_shrink(ac_store *s, void *p, size_t nbytes) {
 void ac_store_stats(ac_store *s, ac_store_usage *st) {
     if (s == NULL || st == NULL) return;
     lock(s);
-    st->mapped_bytes = s->mapped_pages * PAGE;
+    size_t reserved = 0;
+    for (size_t i = 0; i < s->nregs; i++) reserved += s->regs[i].npages;
+    st->reserved_bytes = reserved * PAGE;
+    st->mapped_bytes = s->touched_pages * PAGE;
     st->used_bytes = s->used_pages * PAGE;
     st->peak_used_bytes = s->peak_pages * PAGE;
     st->blocks = s->blocks;
-    st->segments = s->nsegs;
+    st->regions = s->nregs;
     unlock(s);
+}
+
+/* Plans the next period from this one's uses in region 0: the blocks it freed are placed
+ * around the blocks still live (store_plan.h). No plan where it freed none, or where it
+ * cannot be planned. */
+static void make_plan(ac_store *s) {
+    region *g = &s->regs[0];
+    size_t ended = 0, nlive = 0;
+    for (size_t k = 0; k < s->nuses; k++) ended += s->uses[k].end != SIZE_MAX;
+    for (size_t a = 0; a < g->npages; a += run_len(g->head[a])) nlive += !is_free_run(g->head[a]);
+    plan_block *plan = ended && ended <= MAX_PLANNED && !s->lost
+                           ? malloc((s->nuses + nlive) * sizeof *plan) : NULL;
+    free(s->plan);
+    s->plan = NULL;
+    s->nplan = s->next = s->plan_top = 0;
+    if (plan == NULL) return;
+    plan_block *live = plan + s->nuses;
+    size_t m = 0;
+    for (size_t a = 0; a < g->npages; a += run_len(g->head[a]))
+        if (!is_free_run(g->head[a])) live[m++] = (plan_block){run_len(g->head[a]), 0, 0, a};
+    size_t n = 0;
+    for (size_t k = 0; k < s->nuses; k++)
+        if (s->uses[k].end != SIZE_MAX) plan[n++] = s->uses[k]; /* in the order they came */
+    size_t top = plan_place(plan, n, live, nlive);
+    if (top == SIZE_MAX || top > g->npages) {
+        free(plan);
+        return;
+    }
+    s->plan = plan;
+    s->nplan = n;
+    s->plan_top = top;
+}
+
+/* Gives back each region's pages above what the next period needs: the plan's span (and the
+ * blocks still live) in region 0 when there is a plan, else the highest block end of the
+ * period just ended; drops the regions after the first that hold nothing. */
+static void trim(ac_store *s) {
+    for (size_t i = 0; i < s->nregs; i++) {
+        region *g = &s->regs[i];
+        uint32_t last = g->tail[g->npages - 1];
+        size_t live_end = is_free_run(last) ? g->npages - run_len(last) : g->npages;
+        size_t need = i == 0 && s->nplan ? s->plan_top : g->high;
+        size_t keep = need > live_end ? need : live_end;
+        if (keep < g->touched) {
+            decommit(g->base + keep * PAGE, (g->touched - keep) * PAGE);
+            s->touched_pages -= g->touched - keep;
+            g->touched = keep;
+        }
+        g->high = live_end;
+    }
+    for (size_t i = s->nregs; i-- > 1;)
+        if (s->regs[i].used_pages == 0 && s->regs[i].touched == 0) drop_region(s, i);
+}
+
+/* Starts a period: the blocks still live become part of the past (no use of this one). */
+static void new_period(ac_store *s) {
+    region *g = &s->regs[0];
+    for (size_t k = 0; k < s->nuses; k++)
+        if (s->uses[k].end == SIZE_MAX) g->owner[s->uses[k].at] = 0;
+    s->nuses = s->clock = s->next = 0;
+    s->lost = 0;
 }
 
 void ac_store_reset_peak(ac_store *s) {
     if (s == NULL) return;
     lock(s);
+    if (s->nregs) {
+        make_plan(s);
+        trim(s);
+        new_period(s);
+    }
     s->peak_pages = s->used_pages;
     unlock(s);
 }

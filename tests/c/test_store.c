@@ -1,9 +1,15 @@
 /* Standalone C tests for the activation store (csrc/store.c), no Python: blocks are page
  * aligned and never overlap (each is filled with its own pattern and checked before it goes);
- * freed pages are reused first-fit; shrink gives the tail back; a block larger than the grow
- * step gets a segment of its own; empty segments beyond one are unmapped; a bad pointer is
- * refused; the counters add up; threads allocating at once keep all of this true.
+ * freed pages are reused first-fit; shrink gives the tail back; a block larger than the
+ * reservation gets a region of its own; a step's pages stay mapped for the next one, and a
+ * step that needs less gives the rest back at its reset (and they are no longer resident);
+ * plans place blocks apart and span at least their peak, a repeated step follows the plan
+ * into its peak where first fit would not, and requests it does not know go above it; a bad
+ * pointer is refused; the counters add up; threads allocating at once keep all of this true.
  * Prints "N passed, M failed" last; exits 1 on any failure. */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* mincore */
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +19,10 @@
 
 #define HARNESS_SEED 0x13198A2E03707344ull
 #include "harness.h"
+#include "store_plan.h"
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define PAGE 4096u
 
@@ -39,7 +49,7 @@ static ac_store_usage usage(ac_store *s) {
 }
 
 static void basic_tests(void) {
-    ac_store *s = ac_store_new(1u << 20); /* 256 pages per segment */
+    ac_store *s = ac_store_new(1u << 20); /* 256 pages per region */
     report(s != NULL, "store created");
     report(ac_store_alloc(s, 0) == NULL, "alloc(0) is NULL");
     report(ac_store_release(s, NULL) == AC_EINVAL && ac_store_release(NULL, s) == AC_EINVAL,
@@ -48,8 +58,8 @@ static void basic_tests(void) {
     report(a && b && (uintptr_t)a % PAGE == 0 && (uintptr_t)b % PAGE == 0, "page aligned");
     report(b == a + PAGE, "first fit: the second block follows the first");
     ac_store_usage u = usage(s);
-    report(u.used_bytes == 3 * PAGE && u.blocks == 2 && u.segments == 1 &&
-               u.mapped_bytes == (1u << 20), "usage after two blocks: used %zu", u.used_bytes);
+    report(u.used_bytes == 3 * PAGE && u.blocks == 2 && u.regions == 1 &&
+               u.mapped_bytes == 3 * PAGE, "usage after two blocks: used %zu", u.used_bytes);
     report(ac_store_release(s, b + PAGE) == AC_EINVAL, "a pointer into a block is refused");
     int stack;
     report(ac_store_release(s, &stack) == AC_EINVAL, "a foreign pointer is refused");
@@ -64,27 +74,147 @@ static void basic_tests(void) {
     report(e == d + 3 * PAGE, "the shrunk tail is reused");
     report(ac_store_shrink(s, d, 0) == PAGE, "a block keeps one page");
     report(ac_store_shrink(s, d + PAGE, 1) == 0, "shrink of a non-block is refused");
-    /* a block larger than a segment: a segment of its own, unmapped when released */
+    /* a block larger than a region: a region of its own */
     unsigned char *big = ac_store_alloc(s, (3u << 20) + 1);
     u = usage(s);
-    report(big && u.segments == 2 && u.mapped_bytes == (1u << 20) + (3u << 20) + PAGE,
-           "a large block gets its own segment (%zu segments, %zu mapped)", u.segments,
-           u.mapped_bytes);
+    report(big && u.regions == 2 && u.reserved_bytes == (1u << 20) + (3u << 20) + PAGE,
+           "a large block gets its own region (%zu regions, %zu reserved)", u.regions,
+           u.reserved_bytes);
     memset(big, 7, (3u << 20) + 1);
     ac_store_release(s, b);
     ac_store_release(s, c);
     ac_store_release(s, d);
     ac_store_release(s, e);
-    u = usage(s);
-    report(u.used_bytes == (3u << 20) + PAGE && u.blocks == 1 && u.segments == 2,
-           "the first segment is empty and kept while the large one lives");
     ac_store_release(s, big);
     u = usage(s);
-    report(u.used_bytes == 0 && u.blocks == 0 && u.segments == 1 && u.mapped_bytes == (1u << 20),
-           "of two empty segments the larger is unmapped (%zu mapped)", u.mapped_bytes);
+    report(u.used_bytes == 0 && u.blocks == 0 && u.regions == 2 &&
+               u.mapped_bytes == 13 * PAGE + (3u << 20) + PAGE,
+           "released pages stay mapped for the next step (%zu mapped)", u.mapped_bytes);
     report(u.peak_used_bytes >= (3u << 20), "peak used remembers the large block");
+    unsigned char *again = ac_store_alloc(s, 3u << 20);
+    report(again == big, "the next step's large block lands where the last one was");
+    ac_store_release(s, again);
+    ac_store_delete(s);
+}
+
+/* A step's pages stay resident for the next step that needs them; a step that needs less
+ * gives the rest back at its reset. */
+static void reset_tests(void) {
+    ac_store *s = ac_store_new(64u << 20);
+    unsigned char *p[8];
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < 8; i++) {
+            p[i] = ac_store_alloc(s, 1u << 20);
+            memset(p[i], step + 1, 1u << 20);
+        }
+        for (int i = 0; i < 8; i++) ac_store_release(s, p[i]);
+        ac_store_reset_peak(s);
+        ac_store_usage u = usage(s);
+        report(u.mapped_bytes == (8u << 20) && u.peak_used_bytes == 0,
+               "step %d: its 8 MiB stay mapped (%zu)", step, u.mapped_bytes);
+    }
+    unsigned char *one = ac_store_alloc(s, 1u << 20);
+    report(one == p[0], "a smaller step starts where the last one did");
+    ac_store_usage u = usage(s);
+    report(u.mapped_bytes == (8u << 20), "nothing is given back during a step");
     ac_store_reset_peak(s);
-    report(usage(s).peak_used_bytes == 0, "reset peak");
+    u = usage(s);
+    report(u.mapped_bytes == (1u << 20) && u.used_bytes == (1u << 20),
+           "at its end the store keeps what it needed (%zu mapped)", u.mapped_bytes);
+#if defined(__linux__)
+    unsigned char pages[2048]; /* one byte per page of the 8 MiB */
+    int resident = 0;
+    if (report(mincore(p[0], 8u << 20, pages) == 0, "mincore"))
+        for (int i = 256; i < 2048; i++) resident += pages[i] & 1;
+    report(resident == 0, "the pages given back are not resident (%d are)", resident);
+#endif
+    ac_store_release(s, one);
+    ac_store_reset_peak(s);
+    ac_store_reset_peak(s);
+    u = usage(s);
+    report(u.mapped_bytes == 0 && u.regions == 1 && u.blocks == 0,
+           "after a step that needed nothing, nothing is mapped (%zu)", u.mapped_bytes);
+    ac_store_delete(s);
+}
+
+/* plan_place: no two blocks live at a same moment share a page, none meets a fixed block,
+ * and the plan spans at least the peak of simultaneous pages. */
+static void plan_tests(void) {
+    for (int trial = 0; trial < 300; trial++) {
+        plan_block b[40], fixed[3];
+        size_t n = 1 + rnd_below(40), nfixed = rnd_below(4), fixed_top = 0;
+        for (size_t i = 0; i < nfixed; i++) {
+            fixed[i] = (plan_block){1 + rnd_below(8), 0, 0, fixed_top + rnd_below(4)};
+            fixed_top = fixed[i].at + fixed[i].pages;
+        }
+        for (size_t i = 0; i < n; i++) {
+            size_t start = rnd_below(60);
+            b[i] = (plan_block){1 + rnd_below(16), start, start + 1 + rnd_below(30), 0};
+        }
+        size_t top = plan_place(b, n, fixed, nfixed), peak = 0;
+        int ok = top != SIZE_MAX;
+        for (size_t i = 0; i < n && ok; i++) {
+            ok &= b[i].at + b[i].pages <= top;
+            for (size_t f = 0; f < nfixed; f++)
+                ok &= b[i].at + b[i].pages <= fixed[f].at || fixed[f].at + fixed[f].pages <= b[i].at;
+            for (size_t j = 0; j < i; j++)
+                if (b[i].start < b[j].end && b[j].start < b[i].end)
+                    ok &= b[i].at + b[i].pages <= b[j].at || b[j].at + b[j].pages <= b[i].at;
+        }
+        for (size_t t = 0; t < 100; t++) {
+            size_t at_t = 0;
+            for (size_t i = 0; i < n; i++) at_t += b[i].start <= t && t < b[i].end ? b[i].pages : 0;
+            if (at_t > peak) peak = at_t;
+        }
+        if (!report(ok && top >= peak && top >= fixed_top, "plan %d: %zu blocks placed apart, "
+                    "top %zu, peak %zu", trial, n, top, peak))
+            break;
+    }
+    plan_block none[1];
+    report(plan_place(none, 0, NULL, 0) == 0, "an empty plan spans nothing");
+}
+
+/* The step a plan exists for: X and Y (4 pages each), X freed, Z (1 page) and W (8 pages)
+ * while Y lives. First fit puts Z in X's hole and W above Y: 16 pages for a peak of 13. */
+static void fragmenting_step(ac_store *s, unsigned char *where[4]) {
+    unsigned char *x = ac_store_alloc(s, 4 * PAGE), *y = ac_store_alloc(s, 4 * PAGE);
+    ac_store_release(s, x);
+    unsigned char *z = ac_store_alloc(s, PAGE), *w = ac_store_alloc(s, 8 * PAGE);
+    memset(w, 1, 8 * PAGE);
+    where[0] = x, where[1] = y, where[2] = z, where[3] = w;
+    ac_store_release(s, y);
+    ac_store_release(s, z);
+    ac_store_release(s, w);
+}
+
+static void planned_step_tests(void) {
+    ac_store *s = ac_store_new(1u << 20);
+    unsigned char *first[4], *second[4], *third[4];
+    fragmenting_step(s, first);
+    ac_store_usage u = usage(s);
+    report(u.mapped_bytes == 16 * PAGE && u.peak_used_bytes == 13 * PAGE,
+           "first fit: %zu pages for a peak of %zu", u.mapped_bytes / PAGE,
+           u.peak_used_bytes / PAGE);
+    ac_store_reset_peak(s);
+    fragmenting_step(s, second);
+    unsigned char *base = first[0];
+    int apart = second[3] < second[1] ? second[3] + 8 * PAGE <= second[1]
+                                      : second[1] + 4 * PAGE <= second[3];
+    report(apart && second[2] + PAGE <= base + 13 * PAGE && second[3] + 8 * PAGE <= base + 13 * PAGE,
+           "the planned step fits in its peak of 13 pages");
+    ac_store_reset_peak(s);
+    u = usage(s);
+    report(u.mapped_bytes == 13 * PAGE, "and the store keeps 13 pages (%zu)", u.mapped_bytes / PAGE);
+    fragmenting_step(s, third);
+    report(memcmp(second, third, sizeof second) == 0, "a repeated step lands where the last did");
+    u = usage(s);
+    report(u.mapped_bytes == 13 * PAGE, "without a new page (%zu)", u.mapped_bytes / PAGE);
+    /* a step that asks for other sizes: first fit above the plan, nothing overlaps */
+    unsigned char *a = ac_store_alloc(s, 3 * PAGE), *b = ac_store_alloc(s, 5 * PAGE);
+    report(a && b && (a + 3 * PAGE <= b || b + 5 * PAGE <= a) && a >= base + 13 * PAGE,
+           "requests the plan does not know go above it");
+    ac_store_release(s, a);
+    ac_store_release(s, b);
     ac_store_delete(s);
 }
 
@@ -117,6 +247,7 @@ static void random_tests(size_t grow, int ops) {
             report(ac_store_release(s, blocks[i].p) == AC_OK, "release");
             blocks[i] = blocks[--nlive];
         }
+        if (op % 997 == 0) ac_store_reset_peak(s); /* a step ends: a plan, blocks still live */
         if (op % 97 == 0) {
             int ok = 1;
             for (size_t i = 0; i < nlive; i++) ok &= intact(&blocks[i]);
@@ -130,8 +261,14 @@ static void random_tests(size_t grow, int ops) {
         ac_store_release(s, blocks[i].p);
     }
     ac_store_usage u = usage(s);
-    report(u.used_bytes == 0 && u.blocks == 0 && u.segments <= 1,
-           "all released: used %zu, %zu segments", u.used_bytes, u.segments);
+    report(u.mapped_bytes <= u.reserved_bytes && u.used_bytes == 0,
+           "mapped within reserved (%zu of %zu)", u.mapped_bytes, u.reserved_bytes);
+    ac_store_reset_peak(s);
+    ac_store_reset_peak(s);
+    u = usage(s);
+    report(u.used_bytes == 0 && u.blocks == 0 && u.regions <= 1 && u.mapped_bytes == 0,
+           "all released and given back: used %zu, %zu regions, %zu mapped", u.used_bytes,
+           u.regions, u.mapped_bytes);
     ac_store_delete(s);
 }
 
@@ -181,14 +318,19 @@ static void thread_tests(void) {
         pthread_join(t[i], NULL);
         report(w[i].ok, "thread %d: its blocks stayed its own", i);
     }
+    ac_store_reset_peak(s);
+    ac_store_reset_peak(s);
     ac_store_usage u = usage(s);
-    report(u.used_bytes == 0 && u.blocks == 0 && u.segments <= 1,
-           "threads: all released (%zu used, %zu segments)", u.used_bytes, u.segments);
+    report(u.used_bytes == 0 && u.blocks == 0 && u.regions <= 1 && u.mapped_bytes == 0,
+           "threads: all released (%zu used, %zu regions)", u.used_bytes, u.regions);
     ac_store_delete(s);
 }
 
 int main(void) {
     basic_tests();
+    reset_tests();
+    plan_tests();
+    planned_step_tests();
     random_tests(1u << 20, 20000);
     random_tests(16u << 20, 5000);
     thread_tests();
