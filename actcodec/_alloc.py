@@ -3,10 +3,12 @@ in it, each at a 64-byte boundary: one allocation per encoding, so a step's payl
 leave small holes between one another, and a block the encoder sized for the worst case is
 cut once to what it wrote.
 
-An allocator is a callable nbytes -> flat uint8 numpy array (uninitialized), with
-`shrink(block, nbytes) -> block` giving back all but the first nbytes (before any view of the
-block exists). HEAP takes blocks from numpy; actcodec.torch's store takes them from pages of
-its own."""
+An allocator is a callable nbytes -> flat uint8 numpy array (uninitialized) for a block of
+known size, with `scratch(nbytes)` for one sized for the worst case and `shrink(block, nbytes)
+-> block` to keep only its first nbytes (before any view of it exists; the result may be a
+new block holding a copy: `cuts_in_place` says which). HEAP takes blocks from numpy and cuts them in place;
+actcodec.store.StoreAlloc takes them from a store's pages and copies the cut into a block of
+its own, so no worst case ever sits among a step's payloads."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +34,12 @@ def carve(block: np.ndarray, sizes) -> list:
 class HeapAlloc:
     """Blocks from numpy (glibc's heap)."""
 
+    cuts_in_place = True  # shrink keeps the block: cutting costs nothing
+
     def __call__(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
+
+    scratch = __call__
 
     def shrink(self, block: np.ndarray, nbytes: int) -> np.ndarray:
         block.resize(nbytes, refcheck=False)  # realloc in place: no view of block exists yet

@@ -50,18 +50,28 @@ def decode(enc: container.Encoded, out=None, **options):
     return enc.decode(out, **options)
 
 
-def encode_flat(bits: np.ndarray, thr: int, opts: dict, alloc) -> tuple:
-    """(bitmap, values, nnz) of a flat bit view (C path), in one block: allocated with room
-    for every element and cut to the nonzero ones, so pages never written are never
-    committed."""
+def encode_flat(bits: np.ndarray, thr: int, opts: dict, alloc, keep: bool = True) -> tuple:
+    """(bitmap, values, nnz) of a flat bit view (C path), in one block: a scratch block with
+    room for every element, cut to the nonzero ones when `keep` (pages never written are
+    never committed). Without `keep` the result stays in scratch (see `kept`)."""
     n, esize = bits.size, bits.itemsize
     nb = (n + 7) // 8
     (_, at), total = _alloc.offsets([nb, n * esize])
-    block = alloc(total)
+    block = alloc.scratch(total)
     nnz = _ext.bitmap_encode(bits.view(np.uint8), esize, thr, block[:nb], block[at:], **opts)
-    block = alloc.shrink(block, at + nnz * esize)
+    if keep:
+        block = alloc.shrink(block, at + nnz * esize)
     bitmap, values = _alloc.carve(block, [nb, nnz * esize])
     return bitmap, values, nnz
+
+
+def kept(work: tuple, alloc) -> tuple:
+    """An encode_flat result left in scratch, copied into a block of `alloc` of its size."""
+    bitmap, values, nnz = work
+    sizes = [bitmap.nbytes, values.nbytes]
+    new_bitmap, new_values = _alloc.carve(alloc(_alloc.offsets(sizes)[1]), sizes)
+    new_bitmap[:], new_values[:] = bitmap, values
+    return new_bitmap, new_values, nnz
 
 
 def validate(enc: container.Encoded) -> int:

@@ -134,7 +134,9 @@ def _choose(flat, name, bits, group_size, opts, alloc):
             guess = smallest(sizes_from_counts(n, int(low * n), esize, bits, group_size))
             if guess in ("quant", "raw"):  # no bitmap codec can win: skip the bitmap pass
                 return guess, None
-    work = bitmap.encode_flat(flat, 0, opts, alloc)
+    # Left in scratch where cutting would copy: bitmap_quant, the likelier outcome, only
+    # reads it.
+    work = bitmap.encode_flat(flat, 0, opts, alloc, keep=alloc.cuts_in_place)
     values = work[1].view(flat.dtype)
     codec = smallest(sizes_from_counts(n, work[2], esize, bits, group_size,
                                        mask.one_value(values)))
@@ -156,6 +158,8 @@ def _build(codec, flat, name, p, prune, opts, trick, alloc, work):
         return (bm, value), nnz
     if work is None:
         work = bitmap.encode_flat(flat, _dtypes.prune_abs_bits(prune, name), opts, alloc)
+    elif codec == "bitmap" and not alloc.cuts_in_place:
+        work = bitmap.kept(work, alloc)  # the choice's pass, still in scratch
     bm, values, nnz = work
     if codec == "bitmap":
         return (bm, values), nnz

@@ -26,10 +26,13 @@ import numpy as np
 
 from actcodec import _dtypes, _ext
 
+
 class Arena:
     """An allocator (actcodec._alloc's protocol) over memory mapped once: blocks are handed out
     one after another from its start, and `reset()` makes it start over, so every encode
     writes into the same pages, as in a training loop's steady state."""
+
+    cuts_in_place = True
 
     def __init__(self, nbytes: int):
         self.buf = np.empty(nbytes, np.uint8)
@@ -46,6 +49,8 @@ class Arena:
             raise MemoryError("arena too small")
         self.top = start + nbytes
         return self.buf[start:start + nbytes]
+
+    scratch = __call__
 
     def shrink(self, block: np.ndarray, nbytes: int) -> np.ndarray:
         if block.size and block.ctypes.data + block.size == self.buf.ctypes.data + self.top:

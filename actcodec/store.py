@@ -1,0 +1,77 @@
+"""The activation store: pages actcodec maps itself for what a training step keeps from its
+forward pass to its backward (the payloads of compressed activations), so that those
+lifetimes never fragment the process's heap (DAF 3.4). It reserves address space, makes pages
+resident as blocks reach them, keeps them for the next step, and at each step's start gives
+back the pages the step before did not need (DAF 3.4.4). csrc/store.c has the allocator,
+csrc/store_plan.c the plan.
+
+    store = actcodec.store.default()          # the process's store, made on first use
+    store.stats()                             # reserved, mapped, used and peak used bytes
+
+The torch adapters use the default store unless told otherwise (`compress_saved(store=...)`;
+`store=None` takes payloads from numpy's heap as plain `actcodec.encode` does). The opt-in
+torch allocator (actcodec.torch.allocator) serves torch's large tensors from the same store.
+
+A store learns each step: it records when and where its blocks lived and, at the next step's
+start, plans where each goes the next time, largest first around what is still live (Melon's
+lifetime-aware pool). A training step repeats the last one's requests, so it follows the plan
+and fits into its peak of simultaneous use, where first fit (what the first step, and any
+request the plan does not know, gets) leaves holes that large tensors do not fit."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import _ext
+
+Store = _ext.Store
+_DEFAULT: list = []
+_LOCK = threading.Lock()
+
+
+def default() -> Store:
+    """The process's store (made on first use)."""
+    if not _DEFAULT:
+        with _LOCK:
+            if not _DEFAULT:
+                _DEFAULT.append(Store())
+    return _DEFAULT[0]
+
+
+def made() -> list:
+    """The process's store, if it was made."""
+    return list(_DEFAULT)
+
+
+def new_step(store: Store | None) -> None:
+    """A training step begins: `store` and the process's store (if made) end a period (see
+    Store.reset_peak)."""
+    for s in {id(x): x for x in (store, *_DEFAULT) if x is not None}.values():
+        s.reset_peak()
+
+
+class StoreAlloc:
+    """actcodec._alloc's allocator protocol over a Store: blocks as flat uint8 arrays whose
+    pages go back to the store with the last array (or tensor) on them. Blocks sized for the
+    worst case come from `scratch` (numpy by default) and their cut is copied into the store,
+    so the store holds exact payloads only and no worst case raises its high-water mark."""
+
+    __slots__ = ("store", "scratch")
+    cuts_in_place = False
+
+    def __init__(self, store: Store, scratch=None):
+        self.store = store
+        self.scratch = scratch if scratch is not None else _heap_scratch
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        return np.frombuffer(self.store.block(nbytes), np.uint8)
+
+    def shrink(self, block: np.ndarray, nbytes: int) -> np.ndarray:
+        out = self(nbytes)
+        out[:] = block[:nbytes]
+        return out
+
+
+def _heap_scratch(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, np.uint8)
