@@ -386,3 +386,33 @@ def test_device_path_matches_the_c_path(monkeypatch):
     ctx = compress_saved(bits=8, min_bytes=0)
     assert torch.equal(grads(model, x, ctx), expected)
     assert ctx.stats.tensors > 0
+
+
+def test_stored_bytes_are_held_until_backward_frees_them():
+    model, x = cnn(), torch.randn(8, 3, 32, 32)
+    with compress_saved(bits=8, min_bytes=0) as c:
+        loss = model(x).square().mean()
+    held = c.stats.stored_bytes
+    assert held >= c.stats.compressed_bytes > 0            # payloads, and what is kept
+    assert c.stats.peak_stored_bytes == held               # nothing freed yet
+    assert c.stats.store_mapped_bytes >= c.stats.compressed_bytes  # payloads in the store
+    loss.backward()
+    assert c.stats.stored_bytes == 0                       # the graph freed everything
+    assert c.stats.peak_stored_bytes == held
+    with compress_saved(bits=8, min_bytes=0) as c:
+        loss = model(x).square().mean()
+    loss.backward(retain_graph=True)
+    assert c.stats.stored_bytes == c.stats.peak_stored_bytes  # retain_graph keeps it all
+    del loss
+    assert c.stats.stored_bytes == 0
+
+
+def test_functions_account_what_they_hold():
+    from actcodec.torch import accounting, convert
+    import copy
+    model = convert(copy.deepcopy(cnn()), Policy(bits=8, min_bytes=0))
+    with accounting.record() as acc:
+        loss = model(torch.randn(4, 3, 32, 32)).square().mean()
+    assert acc.stored_bytes == acc.peak_stored_bytes > 0
+    loss.backward()
+    assert acc.stored_bytes == 0

@@ -10,6 +10,7 @@ Any model, no changes (saved-tensor hooks):
 Or swap standard layers for ones whose autograd Functions save compressed inputs (`convert`).
 Needs torch (``pip install actcodec[torch]``).
 """
+from . import allocator
 from .accounting import Accounting, record
 from .convert import convert, unconvert
 from .hooks import compress_saved
@@ -17,5 +18,5 @@ from .packing import Packed, Setting
 from .policy import Policy
 from .tensors import decode, encode
 
-__all__ = ["Accounting", "Packed", "Policy", "Setting", "compress_saved", "convert", "decode",
+__all__ = ["Accounting", "allocator", "Packed", "Policy", "Setting", "compress_saved", "convert", "decode",
            "encode", "record", "unconvert"]

@@ -1,13 +1,17 @@
 """Accounting of what was saved for backward: per layer and op, the original bytes, the exact
 compressed bytes of the unique tensors, the codecs chosen, and the time spent encoding and
 decoding. Totals are sums over rows, and each row's compressed bytes are the real payload
-sizes of the tensors it recorded.
+sizes of the tensors it recorded. `stored_bytes` is what the step holds for backward at this
+moment (payloads, and the tensors kept as they are, parameters excluded), which falls as
+backward frees them; `peak_stored_bytes` the most it held at once.
 
 Recording is on inside `compress_saved` (its `.stats`) and inside `record()`, which the
 converted modules and Functions report to; outside both nothing is recorded.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,10 +34,32 @@ class Accounting:
     """Per-layer/op rows plus counts of shared and kept saves. `str()` is a summary line,
     `table()` the per-layer table."""
 
-    def __init__(self):
+    def __init__(self, store=None):
         self.rows: dict = {}
         self.deduplicated = 0   # saves served by an encoding made earlier in the step
         self.kept = 0           # saves left as they were (params, ints, small, policy "keep")
+        self.stored_bytes = 0
+        self.peak_stored_bytes = 0
+        self.store = store      # the actcodec Store payloads went to, or None
+        self._lock = threading.Lock()
+
+    def hold(self, owner, nbytes: int) -> None:
+        """Count nbytes as held for backward until `owner` is garbage."""
+        if nbytes <= 0:
+            return
+        with self._lock:
+            self.stored_bytes += nbytes
+            self.peak_stored_bytes = max(self.peak_stored_bytes, self.stored_bytes)
+        weakref.finalize(owner, self._let_go, nbytes)
+
+    def _let_go(self, nbytes: int) -> None:
+        with self._lock:
+            self.stored_bytes -= nbytes
+
+    @property
+    def store_mapped_bytes(self) -> int:
+        """The store's mapped bytes now (0 without a store)."""
+        return self.store.stats()["mapped_bytes"] if self.store is not None else 0
 
     def add(self, layer: str | None, op: str, packed, seconds: float) -> None:
         """Record one unique compressed tensor; its later decodes are timed into the row."""

@@ -26,6 +26,7 @@ import weakref
 
 import torch
 
+from .. import store as stores
 from . import accounting, packing
 from .policy import Policy
 
@@ -48,25 +49,30 @@ class compress_saved:
     """Context manager: `with compress_saved(Policy.preset("4bit")): loss = model(x)`.
 
     Each entry starts a new step of the policy (fresh stochastic-rounding draws). `.stats` is
-    the step's `Accounting`: per-layer rows, totals and a printable `table()`."""
+    the step's `Accounting`: per-layer rows, totals and a printable `table()`. Payloads live
+    in `store` (actcodec.store; the process's activation store by default, None for numpy's
+    heap)."""
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
-                 **policy_kwargs):
+                 store=packing.DEFAULT_STORE, **policy_kwargs):
         if policy is not None and policy_kwargs:
             raise TypeError("pass a Policy or policy keywords, not both")
         self.policy = policy if policy is not None else Policy(**policy_kwargs)
-        self.stats = accounting.Accounting()
+        self.store = packing.store_of(store)
+        self.stats = accounting.Accounting(self.store)
         self._names = ({id(m): n or type(m).__name__ for n, m in model.named_modules()}
                        if model is not None else {})
         self._stack: list = []
         # (storage, offset, shape, stride, version, device) -> (tensor ref, packed ref)
         self._seen: dict = {}
+        self._kept: dict = {}  # (storage, version, device) -> packed ref, for kept tensors
         self._handles: list = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._record = accounting.record(self.stats)
 
     def __enter__(self):
         self.policy.next_step()
+        stores.new_step(self.store)  # what the steps before no longer need goes back
         reg = torch.nn.modules.module
         self._handles = [reg.register_module_forward_pre_hook(self._enter_module),
                          reg.register_module_forward_hook(self._leave_module, always_call=True)]
@@ -79,6 +85,7 @@ class compress_saved:
             h.remove()
         self._handles, self._stack = [], []
         self._seen.clear()
+        self._kept.clear()
         self._record.__exit__(*exc)
         return self._hooks.__exit__(*exc)
 
@@ -106,7 +113,8 @@ class compress_saved:
 
     def _pack(self, t: torch.Tensor):
         if (t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter):
-            return self._keep(t)
+            self.stats.kept += 1  # a parameter: held by the model, not for backward
+            return packing.keep(t)
         nbytes = t.numel() * t.element_size()
         if nbytes < self.policy.min_bytes:  # what policy.setting would say, without the lookups
             return self._keep(t)
@@ -123,10 +131,11 @@ class compress_saved:
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, nbytes)
         t0 = time.perf_counter()
-        packed = packing.pack(t, setting)
+        packed = packing.pack(t, setting, self.store)
         if packed.is_kept:
             return self._keep(t, packed)
         self.stats.add(layer, op, packed, time.perf_counter() - t0)
+        self.stats.hold(packed, packed.nbytes)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
 
@@ -134,9 +143,17 @@ class compress_saved:
         """The tensor as it is, with its version at save time: autograd checks the versions
         of what it saves itself, not of what a pack hook returns; without this, an in-place
         change between forward and backward that plain PyTorch refuses would give wrong
-        gradients silently."""
+        gradients silently. Its bytes count as held (a tensor several saves share, by its
+        storage, once per save: a bound from above)."""
         self.stats.kept += 1
-        return packed if packed is not None else packing.keep(t)
+        key = (t.untyped_storage().data_ptr(), t._version, t.device)
+        hit = self._kept.get(key)
+        if hit is not None and hit() is not None and packed is None:
+            return hit()  # the same storage kept already: held once
+        packed = packed if packed is not None else packing.keep(t)
+        self._kept[key] = weakref.ref(packed)
+        self.stats.hold(packed, t.untyped_storage().nbytes())
+        return packed
 
     @staticmethod
     def _unpack(packed):

@@ -16,8 +16,23 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import choice, quant
+from .. import store as stores
+from . import accounting
 from . import layout as layouts
 from . import tensors
+
+DEFAULT_STORE = "default"  # the process's store (actcodec.store.default())
+
+
+def _scratch(nbytes: int):
+    """Worst-case encode buffers, from torch's allocator (a store of its own when
+    actcodec.torch.allocator is installed): short-lived, like the ops' own tensors."""
+    return torch.empty(nbytes, dtype=torch.uint8).numpy()
+
+
+def store_of(store):
+    """The Store a `store=` argument names: the default one, a given one, or None (heap)."""
+    return stores.default() if store == DEFAULT_STORE else store
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NARROWER = {torch.int64: (torch.int8, torch.int16, torch.int32),
@@ -140,14 +155,16 @@ def keep(t: torch.Tensor) -> Packed:
     return Packed(kept=t, original_nbytes=t.numel() * t.element_size())
 
 
-def pack(t: torch.Tensor, setting: Setting) -> Packed:
-    """Compress `t` as `setting` says (see the module docstring for what is kept)."""
+def pack(t: torch.Tensor, setting: Setting, store=DEFAULT_STORE) -> Packed:
+    """Compress `t` as `setting` says (see the module docstring for what is kept). Payloads
+    take memory from `store` (see store_of); the tensors backward decodes come from torch's
+    allocator, like the ops' own (actcodec.torch.allocator serves both from a store)."""
     t = t.detach()
     nbytes = t.numel() * t.element_size()
     if setting.codec == "keep" or t.is_complex() or t.is_sparse or t.is_quantized:
         return keep(t)
     if t.dtype in _NARROWER:
-        return _narrow(t, nbytes)
+        return _narrow(t, nbytes, store_of(store) if t.device.type == "cpu" else None)
     if t.dtype not in FLOATS and t.dtype != torch.bool:
         return keep(t)
     captured = layouts.capture(t)
@@ -155,7 +172,9 @@ def pack(t: torch.Tensor, setting: Setting) -> Packed:
         return keep(t)
     lay, source = captured
     threads = setting.thread_count()
+    store = store_of(store) if source.device.type == "cpu" else None
     enc = choice.encode(source, setting.codec, keep_raw=True, threads=threads,
+                        alloc=None if store is None else stores.StoreAlloc(store, _scratch),
                         **setting.codec_kwargs())
     if enc is None:
         return keep(t)
@@ -163,22 +182,29 @@ def pack(t: torch.Tensor, setting: Setting) -> Packed:
                   threads=threads)
 
 
-def pack_mask(mask: torch.Tensor, threads: int | None = None) -> Packed:
+def pack_mask(mask: torch.Tensor, threads: int | None = None, store=DEFAULT_STORE) -> Packed:
     """A bool tensor at 1 bit per element (ReLU and dropout masks)."""
     if mask.dtype != torch.bool:
         raise TypeError(f"pack_mask needs a bool tensor, got {mask.dtype}")
-    return pack(mask, Setting(codec="mask", bits=None, threads=threads))
+    return pack(mask, Setting(codec="mask", bits=None, threads=threads), store)
 
 
-def _narrow(t: torch.Tensor, nbytes: int) -> Packed:
-    """The smallest integer type holding every value (works on any device)."""
+def _narrow(t: torch.Tensor, nbytes: int, store) -> Packed:
+    """The smallest integer type holding every value (works on any device), in `store` when
+    one is given."""
     if t.numel():
         lo, hi = (int(v) for v in torch.aminmax(t))
         for small in _NARROWER[t.dtype]:
             info = torch.iinfo(small)
             if info.min <= lo and hi <= info.max:
                 lay = layouts.Layout(t, None)
-                return Packed(kept=t.to(small), layout=lay, original_nbytes=nbytes)
+                if store is None or not lay.dense:
+                    narrow = t.to(small)
+                else:  # same strides, as t.to would give
+                    block = store.block(t.numel() * small.itemsize)
+                    narrow = torch.frombuffer(block, dtype=small).as_strided(
+                        t.shape, t.stride()).copy_(t)
+                return Packed(kept=narrow, layout=lay, original_nbytes=nbytes)
     return keep(t)
 
 
@@ -199,6 +225,10 @@ def save(ctx, *items) -> None:
             saved.append(item)
     ctx.save_for_backward(*saved)
     ctx.actcodec_slots = slots
+    acc = accounting.current()
+    held = [t for t in saved if t is not None and not (t.is_leaf and t.requires_grad)]
+    if acc is not None and held:  # until autograd releases the saves (after backward)
+        acc.hold(held[0], sum(t.numel() * t.element_size() for t in held))
 
 
 def load(ctx) -> list:
