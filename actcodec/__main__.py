@@ -1,5 +1,6 @@
 """Command line: ``python -m actcodec info`` prints the SIMD table and self-checks every path;
-``python -m actcodec demo`` trains a small CNN under each way of storing activations."""
+``python -m actcodec demo`` trains a small CNN under each way of storing activations;
+``python -m actcodec memory`` reports a model's peak memory, plain and compressed."""
 from __future__ import annotations
 
 import argparse
@@ -61,6 +62,12 @@ def cmd_demo(args) -> int:
     return demo.main(args)
 
 
+def cmd_memory(args) -> int:
+    from . import memory
+
+    return memory.main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actcodec")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,8 +76,12 @@ def main(argv=None) -> int:
 
     demo.add_arguments(sub.add_parser("demo", help="train a small CNN on digits once per "
                                       "storage of the saved activations; writes demo.md/png"))
+    from . import memory
+
+    memory.add_arguments(sub.add_parser("memory", help="a model's peak memory, plain and "
+                                        "compressed, each in a fresh process"))
     args = parser.parse_args(argv)
-    return {"info": cmd_info, "demo": cmd_demo}[args.command](args)
+    return {"info": cmd_info, "demo": cmd_demo, "memory": cmd_memory}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,11 @@ How each number is measured:
   the peak of training is read after the last step. Where that reset is not possible the
   lifetime peak (``ru_maxrss``) minus the floor is used and the table says so.
 - step ms: median wall time of one training step (forward, backward, optimizer).
-- allocator: by default the workers run with glibc's mmap threshold held at its initial
-  128 KiB (``MALLOC_MMAP_THRESHOLD_=131072``, ``--malloc release``), so each freed activation is
-  returned to the system and RSS follows live memory; the cost is fresh pages (page faults) for
-  every large tensor, in every configuration. glibc as it is (``--malloc default``) raises the
-  threshold once large blocks are freed and then serves them from a heap that keeps each step's
-  high-water mark and fragments: peak RSS then grows over the first steps and mostly measures
-  the allocator, not the saved bytes.
+- allocator: the workers allocate as your process does (glibc at its defaults unless you
+  preload another; nothing is set in the environment). ``--allocator store`` installs
+  `actcodec.torch.allocator` in every configuration, fp32 included, so that torch's large
+  tensors take pages of actcodec's store and the process's memory follows live memory (see
+  ``python -m actcodec memory`` and docs/MEMORY.md).
 - checkpoint: the recomputation in backward runs BatchNorm in training mode a second time, which
   would update its running statistics twice per step; the demo restores them after backward, so
   checkpoint trains exactly like fp32.
@@ -71,12 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "mean test accuracy and its range (default 1)")
     p.add_argument("--threads", type=int, default=0, help="threads for torch and actcodec "
                    "(default: all cores)")
-    p.add_argument("--malloc", choices=("release", "default"), default="release",
-                   help="glibc's allocator in the workers: 'release' (default) holds its mmap "
-                        "threshold at 128 KiB (MALLOC_MMAP_THRESHOLD_=131072), so every freed "
-                        "activation goes back to the system and RSS follows live memory; "
-                        "'default' leaves glibc as it is (its heap then keeps each step's "
-                        "high-water mark and fragments, and peak RSS mostly measures that)")
+    p.add_argument("--allocator", choices=("process", "store"), default="process",
+                   help="how the workers allocate torch's CPU tensors: 'process' (default) as "
+                        "your process does (glibc, or whatever you preload), 'store': "
+                        "actcodec.torch.allocator installed in every configuration")
     p.add_argument("--out", default="actcodec-demo", help="output folder (default ./actcodec-demo)")
     p.add_argument("--quick", action="store_true", help="a small run (about a minute): width "
                    f"{QUICK['width']}, batch {QUICK['batch_size']}, {QUICK['epochs']} epochs, "
@@ -104,7 +100,7 @@ def _settings(args) -> dict:
     base = QUICK if args.quick else FULL
     s = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}
     s["threads"] = args.threads or os.cpu_count() or 1
-    s["malloc"] = getattr(args, "malloc", "release")
+    s["allocator"] = getattr(args, "allocator", "process")
     s["seeds"] = getattr(args, "seeds", 1)
     for k in ("width", "batch_size", "epochs", "size", "threads", "seeds"):
         if s[k] < 1:
@@ -139,46 +135,6 @@ def main(args) -> int:
             json.dump(result, f)
         return 0
     return _parent(args)
-
-
-# ---------------------------------------------------------------------------------------------
-# Memory readings (Linux /proc; elsewhere ru_maxrss)
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _rss() -> int:
-    kib = _status_kib("VmRSS")
-    return kib * 1024 if kib is not None else _maxrss()
-
-
-def _maxrss() -> int:
-    kib = _status_kib("VmHWM")
-    if kib is not None:
-        return kib * 1024
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB elsewhere
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's high-water mark (Linux: VmHWM) to the current RSS."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    hwm, rss = _status_kib("VmHWM"), _status_kib("VmRSS")
-    return hwm is not None and rss is not None and hwm <= rss + 1024  # it did reset
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,37 +211,6 @@ def _model(width: int, use_checkpoint: bool, seed: int = 0):
     return DemoCNN()
 
 
-class _CountSaved:
-    """A counting-only saved_tensors_hooks pass: the unique storages of the saved non-parameter
-    tensors (the rule compress_saved uses to skip parameters)."""
-
-    def __init__(self):
-        import torch
-
-        self.storages: dict = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, t):
-        import torch
-
-        if not ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)):
-            s = t.untyped_storage()
-            if s.nbytes():
-                self.storages[(t.device.type, s.data_ptr())] = s.nbytes()
-        return t
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.storages.values())
-
-    def __enter__(self):
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._hooks.__exit__(*exc)
-
-
 def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     import contextlib
     import copy
@@ -298,11 +223,14 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     from tqdm import tqdm
 
     import actcodec
-    from .torch import Policy, compress_saved
+    from .memory import CountSaved, peak_rss, reset_peak, rss
+    from .torch import Policy, allocator, compress_saved
 
     t_start = time.perf_counter()
     torch.set_num_threads(s["threads"])
     actcodec.set_num_threads(s["threads"])
+    if s["allocator"] == "store":
+        allocator.install()
     policy = None if name in SPECIAL else Policy.preset(name)
     recomputes = name == "checkpoint"
 
@@ -329,9 +257,9 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     del warm, loss
     gc.collect()
 
-    floor = _rss()
-    lifetime_before = _maxrss()
-    reset = _reset_peak()
+    floor = rss()
+    lifetime_before = peak_rss()
+    reset = reset_peak()
 
     step_seconds, compressed, original, codecs = [], [], [], {}
     losses = []
@@ -371,7 +299,7 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     bar.close()
     train_seconds = time.perf_counter() - t_start
-    peak = _maxrss()
+    peak = peak_rss()
     peak_process = max(peak, lifetime_before)
 
     model.eval()
@@ -386,7 +314,7 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
 
     # The counting pass (after everything measured: it runs BatchNorm in training mode).
     model.train()
-    with _CountSaved() as counted:
+    with CountSaved() as counted:
         out = model(x_train[:batch].clone())  # a batch of its own, as in training
     del out
     if policy is None:
@@ -408,7 +336,7 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
         "peak_above_floor": peak - floor, "peak_reset": reset,
         "step_ms": statistics.median(step_seconds) * 1e3, "seconds": train_seconds,
         "weights_sha256": digest.hexdigest(), "torch": torch.__version__,
-        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "allocator": s["allocator"],
         "actcodec": actcodec.__version__,
     }
 
@@ -424,11 +352,9 @@ def _run_worker(name: str, s: dict, tmp: str, seed: int = 0) -> dict:
            "--width", str(s["width"]), "--batch-size", str(s["batch_size"]),
            "--epochs", str(s["epochs"]), "--size", str(s["size"]),
            "--threads", str(s["threads"])]
-    env = dict(os.environ)
-    if s["malloc"] == "release":
-        env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")  # glibc reads it at start-up
+    cmd += ["--allocator", s["allocator"]]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env)
+    proc = subprocess.run(cmd)
     if proc.returncode != 0:
         raise SystemExit(f"the {name} worker failed (exit {proc.returncode}): {' '.join(cmd)}")
     with open(path) as f:
@@ -504,14 +430,12 @@ def _notes(results: list[dict], s: dict, total: float) -> str:
     ]
     if same:
         lines.append(f"Final weights bit-identical to fp32: {', '.join(same)}.")
-    if s["malloc"] == "release":
-        lines.append("Allocator: MALLOC_MMAP_THRESHOLD_=131072 (glibc's initial threshold, held "
-                     "fixed), so freed activations return to the system and RSS follows live "
-                     "memory; --malloc default leaves glibc as it is.")
+    if s["allocator"] == "store":
+        lines.append("Allocator: actcodec.torch.allocator installed in every configuration "
+                     "(--allocator store): torch's large CPU tensors take pages of the store.")
     else:
-        lines.append("Allocator: glibc as it is (--malloc default): its heap keeps each step's "
-                     "high-water mark, so peak RSS measures the allocator as much as the saved "
-                     "bytes.")
+        lines.append("Allocator: the process's own (glibc at its defaults unless you preload "
+                     "another); nothing set in the environment.")
     if not all(r["peak_reset"] for r in results):
         lines.append("The kernel's peak-RSS reset (/proc/self/clear_refs) was not available: "
                      "'above floor' is the lifetime peak minus the floor.")

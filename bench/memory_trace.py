@@ -4,15 +4,16 @@ and glibc's own statistics (mallinfo2: the heap's size, the bytes in use and fre
 bytes in mmapped chunks) and actcodec's store, and prints the trace and its peaks.
 
     python bench/memory_trace.py --model gpt2 --config 2bit [--steps 3] [--gpt2 batch=8,seq=512]
+                                 [--allocator]
 
-Live bytes are what the allocators hand out and have not got back (heap in use + mmapped +
-the store's blocks in use); RSS above that is memory held but not used."""
+Live bytes are RSS less what the allocators hold free (glibc's free heap chunks, the store's
+unused pages: actcodec.memory.live); a sampling thread reads them every 2 ms besides, for the
+peaks between block boundaries. --allocator installs actcodec's torch allocator
+(actcodec.torch.allocator) first."""
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import sys
 import time
@@ -20,47 +21,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
+from actcodec import memory  # noqa: E402
+from actcodec import store as stores  # noqa: E402
 
 
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
-_HAS_MALLINFO2 = hasattr(_LIBC, "mallinfo2")
-if _HAS_MALLINFO2:
-    _LIBC.mallinfo2.restype = _MallInfo2
-_PAGE = 4096
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
-
-
-def peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def sample(label: str, store=None) -> dict:
-    out = {"t": time.perf_counter(), "at": label, "rss": rss()}
-    if _HAS_MALLINFO2:
-        m = _LIBC.mallinfo2()
-        out.update(heap=m.arena, heap_used=m.uordblks, heap_free=m.fordblks, mmapped=m.hblkhd)
-    if store is not None:
-        st = store.stats()
-        out.update(store_mapped=st["mapped_bytes"], store_used=st["used_bytes"])
-    out["live"] = out.get("heap_used", 0) + out.get("mmapped", 0) + out.get("store_used", 0)
+def sample(label: str) -> dict:
+    out = {"t": time.perf_counter(), "at": label, "rss": memory.rss(), "live": memory.live()}
+    out.update(memory.heap() or {})
+    made = [x.stats() for x in stores.made()]
+    out.update(store_mapped=sum(st["mapped_bytes"] for st in made),
+               store_used=sum(st["used_bytes"] for st in made))
     return out
 
 
@@ -74,16 +44,19 @@ def blocks_of(model):
     return found
 
 
-def run(model_name: str, config: str, steps: int, sizes: dict) -> dict:
+def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool = False) -> dict:
     import torch
 
     import clients
 
     torch.set_num_threads(2)
-    model, inputs = clients.build(model_name, **sizes)
+    if allocator:
+        from actcodec.torch import allocator as alloc
+
+        alloc.install()
+    model, loss_fn = clients.build(model_name, **sizes)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    store = None
     trace = []
 
     def context():
@@ -99,26 +72,35 @@ def run(model_name: str, config: str, steps: int, sizes: dict) -> dict:
 
     def hook(label):
         def fn(*args):
-            trace.append({"step": step_no[0], **sample(label, store)})
+            trace.append({"step": step_no[0], **sample(label)})
         return fn
+
+    def leave(name, out):
+        hook(f"fwd< {name}")()
+        out = getattr(out, "last_hidden_state", out)
+        out = out[0] if isinstance(out, tuple) else out
+        if isinstance(out, torch.Tensor) and out.requires_grad:  # backward reaches the block
+            out.register_hook(lambda g: hook(f"bwd {name}")())
 
     for name, m in blocks_of(model):
         m.register_forward_pre_hook(lambda mod, a, n=name: hook(f"fwd> {n}")())
-        m.register_forward_hook(lambda mod, a, o, n=name: hook(f"fwd< {n}")())
-        m.register_full_backward_hook(lambda mod, gi, go, n=name: hook(f"bwd {n}")())
+        m.register_forward_hook(lambda mod, a, o, n=name: leave(n, o))
     floor = None
     stats = []
+    sampler = memory.Sampler()
+    sampler.start()
     for s in range(steps):
         step_no[0] = s
         if s == 1:  # the floor: after one step, libraries warm
-            floor = rss()
-            reset_peak()
-        trace.append({"step": s, **sample("start", store)})
+            floor = memory.rss()
+            memory.reset_peak()
+            sampler.on = True
+        trace.append({"step": s, **sample("start")})
         with context() as c:
-            loss = model(**inputs).loss
-        trace.append({"step": s, **sample("loss", store)})
+            loss = loss_fn(model)
+        trace.append({"step": s, **sample("loss")})
         loss.backward()
-        trace.append({"step": s, **sample("after backward", store)})
+        trace.append({"step": s, **sample("after backward")})
         opt.step()
         opt.zero_grad(set_to_none=True)
         if c is not None and hasattr(c, "stats"):
@@ -126,10 +108,14 @@ def run(model_name: str, config: str, steps: int, sizes: dict) -> dict:
                           "saved_compressed": c.stats.compressed_bytes,
                           "stored_peak": getattr(c.stats, "peak_stored_bytes", None)})
         del loss, c
+    sampler.stop.set()
+    sampler.join()
     later = [r for r in trace if r["step"] >= 1]
+    peak_live = max([r["live"] for r in later] + [sampler.peak_live])
     return {"model": model_name, "config": config, "sizes": sizes, "floor_rss": floor,
-            "peak_rss": peak_rss(), "peak_live": max(r["live"] for r in later),
-            "peak_heap": max(r.get("heap", 0) for r in later), "stats": stats, "trace": trace}
+            "peak_rss": memory.peak_rss(), "peak_live": peak_live,
+            "peak_heap": max(r.get("heap", 0) for r in later), "stats": stats, "trace": trace,
+            "store_mapped": sum(x.stats()["mapped_bytes"] for x in stores.made())}
 
 
 def main(argv=None) -> int:
@@ -143,22 +129,26 @@ def main(argv=None) -> int:
         p.add_argument(f"--{name}", default="")
     p.add_argument("--json", help="write the whole trace here")
     p.add_argument("--every", type=int, default=4, help="print every Nth sample of the last step")
+    p.add_argument("--allocator", action="store_true", help="install actcodec's torch allocator")
     args = p.parse_args(argv)
     spec = getattr(args, args.model)
     sizes = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
-    r = run(args.model, args.config, args.steps, sizes)
+    r = run(args.model, args.config, args.steps, sizes, args.allocator)
     mib = 2**20
     last = [x for x in r["trace"] if x["step"] == args.steps - 1]
-    print(f"{'at':28} {'rss':>7} {'heap':>7} {'used':>7} {'free':>7} {'mmap':>7} {'live':>7}")
+    print(f"{'at':28} {'rss':>7} {'heap':>7} {'used':>7} {'free':>7} {'mmap':>7} {'store':>7} "
+          f"{'in use':>7} {'live':>7}")
     for i, x in enumerate(last):
         if i % args.every and x["at"] not in ("start", "loss", "after backward"):
             continue
         print(f"{x['at'][:28]:28} {x['rss'] / mib:7.0f} {x.get('heap', 0) / mib:7.0f} "
               f"{x.get('heap_used', 0) / mib:7.0f} {x.get('heap_free', 0) / mib:7.0f} "
-              f"{x.get('mmapped', 0) / mib:7.0f} {x['live'] / mib:7.0f}")
-    print(f"{r['model']} {r['config']}: floor {r['floor_rss'] / mib:.0f} MiB, peak RSS "
-          f"{r['peak_rss'] / mib:.0f} MiB, peak live {r['peak_live'] / mib:.0f} MiB, peak heap "
-          f"{r['peak_heap'] / mib:.0f} MiB; saved {r['stats'][-1] if r['stats'] else '-'}")
+              f"{x.get('mmapped', 0) / mib:7.0f} {x.get('store_mapped', 0) / mib:7.0f} "
+              f"{x.get('store_used', 0) / mib:7.0f} {x['live'] / mib:7.0f}")
+    print(f"{r['model']} {r['config']}{' +allocator' if args.allocator else ''}: floor "
+          f"{r['floor_rss'] / mib:.0f} MiB, peak RSS {r['peak_rss'] / mib:.0f} MiB, peak live {r['peak_live'] / mib:.0f} MiB, peak "
+          f"heap {r['peak_heap'] / mib:.0f} MiB, stores {r['store_mapped'] / mib:.0f} MiB "
+          f"mapped; saved {r['stats'][-1] if r['stats'] else '-'}")
     if args.json:
         Path(args.json).write_text(json.dumps(r))
     return 0

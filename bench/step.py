@@ -7,7 +7,8 @@ the median of per-round ratios.
                          [--gpt2 batch=8,seq=512] [--resnet batch=64,size=128]
 
 Configurations: fp32 (plain PyTorch), any Policy.preset name through the saved-tensor hooks,
-and checkpoint (transformers' gradient checkpointing, non-reentrant)."""
+and checkpoint (non-reentrant activation checkpointing); a "+store" suffix runs the step with
+actcodec's torch allocator installed (actcodec.torch.allocator), removed again after it."""
 from __future__ import annotations
 
 import argparse
@@ -38,30 +39,35 @@ DESCRIPTION = ("GPT-2 layout (transformers GPT2LMHeadModel, 6 layers x 384, 6 he
                "batch 32 x 3x128x128")
 
 
-def step(model, inputs, name):
+def step(model, loss_fn, name):
     """One forward and backward of `model` under configuration `name`."""
-    _step(model, inputs, name)
+    base, _, store = name.partition("+")
+    if store:
+        from actcodec.torch import allocator
 
-
-def _step(model, inputs, name):
-    with _context(name):
-        loss = model(**inputs).loss
-    loss.backward()
-    for p in model.parameters():
-        p.grad = None
+        allocator.install()
+    try:
+        with _context(base):
+            loss = loss_fn(model)
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+    finally:
+        if store:
+            allocator.uninstall()
 
 
 def run(model_name: str, configs: list[str], rounds: int, sizes: dict | None = None) -> dict:
-    base, inputs = clients.build(model_name, **(sizes or {}))
+    base, loss_fn = clients.build(model_name, **(sizes or {}))
     base.train()
     models = {}
     for name in configs:
         m = copy.deepcopy(base)
-        if name == "checkpoint":
+        if name.partition("+")[0] == "checkpoint":
             clients.enable_checkpointing(m)
         models[name] = m
     for name in configs:  # warm-up: lazy state, first-call allocations
-        _step(models[name], inputs, name)
+        step(models[name], loss_fn, name)
     times = {name: [] for name in configs}
     order = list(configs)
     rng = random.Random(0)
@@ -69,7 +75,7 @@ def run(model_name: str, configs: list[str], rounds: int, sizes: dict | None = N
         rng.shuffle(order)
         for name in order:
             t0 = time.perf_counter()
-            _step(models[name], inputs, name)
+            step(models[name], loss_fn, name)
             times[name].append(time.perf_counter() - t0)
     return times
 

@@ -15,12 +15,12 @@ import step  # noqa: E402
 
 @pytest.fixture(scope="module", params=clients.MODELS)
 def model(request):
-    base, inputs = clients.build(request.param)
-    return request.param, base, inputs
+    base, loss_fn = clients.build(request.param)
+    return request.param, base, loss_fn
 
 
 @pytest.mark.parametrize("config", ["fp32", "8bit", "2bit"])
 def test_step(benchmark, model, config):
-    _, base, inputs = model
+    _, base, loss_fn = model
     m = copy.deepcopy(base).train()
-    benchmark.pedantic(step.step, args=(m, inputs, config), rounds=3, warmup_rounds=1)
+    benchmark.pedantic(step.step, args=(m, loss_fn, config), rounds=3, warmup_rounds=1)

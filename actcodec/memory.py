@@ -1,0 +1,429 @@
+"""``python -m actcodec memory``: what a model's training takes in memory, as you see it, plain
+and under compression, each configuration in a fresh process.
+
+For every configuration it trains a few steps and reports: the bytes saved for backward per
+step (counted exactly), the process's peak RSS, its peak of live bytes (RSS less the memory
+the allocators hold free: glibc's free heap chunks, the store's unused pages) and their ratio,
+the median step time, and measured/computed: how much of the saved-byte difference to the
+plain run (with the same allocator) shows up as lower peak RSS.
+
+Models: ``cnn`` (a ResNet-style CNN defined here, random data), ``gpt2`` and ``resnet``
+(transformers models built from a config, random weights, nothing downloaded; needs
+transformers), or ``package.module:function``, your own: a function returning
+``(model, loss_fn)`` with ``loss_fn(model)`` a training loss. Configurations: ``fp32``, any
+``Policy.preset`` name, ``checkpoint`` (built-in models), each with an optional ``+store``
+suffix: actcodec's torch allocator installed (actcodec.torch.allocator). glibc (or whatever
+allocator you preload) runs as your process has it: nothing is set in the environment.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MiB = 2**20
+DEFAULT_CONFIGS = "fp32,fp32+store,8bit+store,2bit+store,checkpoint"
+BUILTIN = ("cnn", "gpt2", "resnet")
+
+
+# ---- what the process holds ----
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss() -> int:
+    """The process's resident bytes now."""
+    kib = _status_kib("VmRSS")
+    return kib * 1024 if kib is not None else peak_rss()
+
+
+def peak_rss() -> int:
+    """The process's resident high-water mark (since the last reset_peak)."""
+    kib = _status_kib("VmHWM")
+    if kib is not None:
+        return kib * 1024
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB elsewhere
+
+
+def reset_peak() -> bool:
+    """Reset the kernel's high-water mark (Linux: VmHWM) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    hwm, now = _status_kib("VmHWM"), _status_kib("VmRSS")
+    return hwm is not None and now is not None and hwm <= now + 1024
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _mallinfo2():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        fn = libc.mallinfo2
+    except (OSError, AttributeError, TypeError):  # not glibc, or before 2.33
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def heap() -> dict | None:
+    """glibc's own statistics now (mallinfo2): the heap's size, its bytes in use and free, and
+    the bytes in mmapped chunks; None under another allocator or an older glibc."""
+    if _MALLINFO2 is None:
+        return None
+    m = _MALLINFO2()
+    return {"heap": m.arena, "heap_used": m.uordblks, "heap_free": m.fordblks,
+            "mmapped": m.hblkhd}
+
+
+def held_free() -> int:
+    """Bytes the allocators hold but nothing uses: glibc's free heap chunks (0 elsewhere) and
+    the actcodec store's mapped pages outside live blocks. Some of them may not be resident,
+    so RSS less these underestimates live bytes, and RSS / live errs high."""
+    h = heap()
+    free = h["heap_free"] if h is not None else 0
+    from . import store
+
+    for made in store.made():
+        st = made.stats()
+        free += st["mapped_bytes"] - st["used_bytes"]
+    return free
+
+
+def live() -> int:
+    """The process's live bytes now: RSS less held_free()."""
+    return rss() - held_free()
+
+
+class Sampler(threading.Thread):
+    """The peak of live bytes (RSS less held_free), read every `period` seconds."""
+
+    def __init__(self, period: float = 0.002):
+        super().__init__(daemon=True)
+        self.period, self.peak_live, self.on = period, 0, False
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            if self.on:
+                self.peak_live = max(self.peak_live, live())
+            time.sleep(self.period)
+
+
+class CountSaved:
+    """A counting-only saved_tensors_hooks pass: the unique storages of the saved tensors that
+    are not parameters (what plain PyTorch keeps for backward)."""
+
+    def __init__(self):
+        import torch
+
+        self.storages: dict = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        import torch
+
+        if not ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)):
+            s = t.untyped_storage()
+            if s.nbytes():
+                self.storages[(t.device.type, s.data_ptr())] = s.nbytes()
+        return t
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.storages.values())
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+
+# ---- models ----
+
+def cnn(batch: int = 32, size: int = 64, width: int = 64):
+    """A ResNet-style CNN (stem, four stages of two residual blocks) on random images."""
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    def block(cin, cout, stride):
+        body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout),
+                             nn.ReLU(), nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                             nn.BatchNorm2d(cout))
+        skip = nn.Sequential() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        return body, skip
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False),
+                                      nn.BatchNorm2d(width), nn.ReLU())
+            self.bodies, self.skips, cin = nn.ModuleList(), nn.ModuleList(), width
+            for i, cout in enumerate([width, 2 * width, 4 * width, 8 * width]):
+                for j in range(2):
+                    body, skip = block(cin, cout, 2 if i and not j else 1)
+                    self.bodies.append(body)
+                    self.skips.append(skip)
+                    cin = cout
+            self.head = nn.Linear(cin, 10)
+
+        def forward(self, x):
+            x = self.stem(x)
+            for body, skip in zip(self.bodies, self.skips):
+                x = F.relu(body(x) + skip(x))
+            return self.head(x.mean((2, 3)))
+
+    torch.manual_seed(0)
+    model = Net()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+    return model, lambda m: F.cross_entropy(m(x), y)
+
+
+def _transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def gpt2(batch: int = 8, seq: int = 512, layers: int = 6, width: int = 384):
+    """transformers' GPT2LMHeadModel from a config: `layers` blocks of `width`, 6 heads."""
+    import torch
+
+    tf = _transformers()
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_layer=layers, n_embd=width, n_head=6, n_positions=seq,
+                        vocab_size=8192, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = tf.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, lambda m: m(input_ids=ids, labels=ids).loss
+
+
+def resnet(batch: int = 64, size: int = 128, channels_last: bool = False):
+    """transformers' ResNetForImageClassification from a config: a ResNet-18 layout."""
+    import torch
+
+    tf = _transformers()
+    torch.manual_seed(0)
+    cfg = tf.ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                          layer_type="basic", num_labels=10)
+    model = tf.ResNetForImageClassification(cfg)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return model, lambda m: m(pixel_values=x, labels=y).loss
+
+
+def build(spec: str, sizes: dict | None = None):
+    """(model, loss_fn) for a built-in name or a 'module:function' factory."""
+    sizes = sizes or {}
+    if spec in BUILTIN:
+        return {"cnn": cnn, "gpt2": gpt2, "resnet": resnet}[spec](**sizes)
+    module, _, name = spec.partition(":")
+    if not name:
+        raise SystemExit(f"--model: {spec!r} is neither {', '.join(BUILTIN)} nor module:function")
+    return getattr(importlib.import_module(module), name)(**sizes)
+
+
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing as a user would turn it on: transformers' switch
+    where the model has one, else torch.utils.checkpoint around each repeated block."""
+    if getattr(model, "supports_gradient_checkpointing", False):
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:  # before transformers 5
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = getattr(getattr(getattr(model, "resnet", None), "encoder", None), "stages", None)
+    if blocks is None:
+        blocks = getattr(model, "bodies", None)
+    if blocks is None:
+        raise SystemExit("checkpoint: this model has no blocks this command knows to wrap")
+    for block in blocks:
+        plain = block.forward
+        block.forward = lambda x, plain=plain: checkpoint(plain, x, use_reentrant=False)
+
+
+# ---- one configuration, in a fresh process ----
+
+def _measure_from_here(sampler) -> tuple:
+    """Starts the measured steps: (RSS now, the warm-up's peak RSS)."""
+    warm_up = peak_rss()
+    reset_peak()
+    sampler.on = True
+    return rss(), warm_up
+
+
+def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int) -> dict:
+    import torch
+
+    import actcodec.torch as act
+
+    torch.set_num_threads(threads)
+    name, _, store = config.partition("+")
+    if store:
+        act.allocator.install()
+    model, loss_fn = build(spec, sizes)
+    model.train()
+    if name == "checkpoint":
+        enable_checkpointing(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    policy = None if name in ("fp32", "checkpoint") else act.Policy.preset(name)
+    sampler = Sampler()
+    sampler.start()
+    times, held = [], []
+    floor = warm_up = None
+    for step in range(steps + 1):  # step 0 warms up: lazy state, first allocations
+        t0 = time.perf_counter()
+        if policy is None:
+            if step == 1:
+                floor, warm_up = _measure_from_here(sampler)
+            loss = loss_fn(model)
+        else:
+            with act.compress_saved(policy, model=model) as ctx:
+                if step == 1:  # after the store's step boundary gave back the warm-up's pages
+                    floor, warm_up = _measure_from_here(sampler)
+                loss = loss_fn(model)
+            held.append(ctx.stats.peak_stored_bytes)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss
+        if step:
+            times.append(time.perf_counter() - t0)
+    sampler.stop.set()
+    sampler.join()
+    out = {"config": config, "peak_rss": peak_rss(), "floor_rss": floor,
+           "warm_up_peak_rss": warm_up,
+           "peak_live": sampler.peak_live, "step_ms": statistics.median(times) * 1e3}
+    if policy is None:
+        with CountSaved() as counted:
+            loss = loss_fn(model)
+        del loss
+        out["saved_bytes"] = counted.nbytes
+    else:
+        out["saved_bytes"] = max(held)
+    return out
+
+
+def _run_worker(args, config: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="actcodec-memory-") as tmp:
+        path = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, "-m", "actcodec", "memory", "--model", args.model,
+               "--steps", str(args.steps), "--threads", str(args.threads),
+               "--sizes", args.sizes, "--worker", config, "--result", path]
+        proc = subprocess.run(cmd)
+        if proc.returncode != 0:
+            raise SystemExit(f"the {config} worker failed (exit {proc.returncode})")
+        with open(path) as f:
+            return json.load(f)
+
+
+def format_table(results: list[dict]) -> str:
+    plain = {r["config"].partition("+")[2]: r for r in results
+             if r["config"].partition("+")[0] == "fp32"}
+    head = ["config", "saved MiB/step", "peak RSS MiB", "peak live MiB", "RSS / live",
+            "step ms", "measured / computed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        base = plain.get(r["config"].partition("+")[2])
+        ratio = "-"
+        if base is not None and base is not r:
+            computed = base["saved_bytes"] - r["saved_bytes"]
+            if abs(computed) >= MiB:
+                ratio = f"{(base['peak_rss'] - r['peak_rss']) / computed:.2f}"
+        lines.append(f"| {r['config']} | {r['saved_bytes'] / MiB:.0f} | "
+                     f"{r['peak_rss'] / MiB:.0f} | {r['peak_live'] / MiB:.0f} | "
+                     f"{r['peak_rss'] / max(r['peak_live'], 1):.2f} | {r['step_ms']:.0f} | "
+                     f"{ratio} |")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="cnn", help=f"{', '.join(BUILTIN)}, or module:function "
+                   "returning (model, loss_fn) (default cnn)")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help=f"comma-separated (default {DEFAULT_CONFIGS}); '+store': actcodec's "
+                        "torch allocator installed")
+    p.add_argument("--steps", type=int, default=3, help="measured steps after one warm-up")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sizes", default="", help="the model's sizes, e.g. batch=8,seq=512")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+
+
+def main(args) -> int:
+    sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.sizes.split(",") if kv)}
+    if args.worker:
+        result = _worker(args.model, args.worker, args.steps, sizes, args.threads)
+        with open(args.result, "w") as f:
+            json.dump(result, f)
+        return 0
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    from .torch import Policy
+
+    for c in configs:
+        name = c.partition("+")[0]
+        if name not in ("fp32", "checkpoint"):
+            Policy.preset(name)  # a clear error for an unknown name, before any worker runs
+    print(f"actcodec memory: {args.model} {args.sizes or '(default sizes)'}, {args.steps} steps "
+          f"after a warm-up, {args.threads} threads, each configuration in a fresh process",
+          flush=True)
+    results = []
+    for c in configs:
+        r = _run_worker(args, c)
+        results.append(r)
+        print(f"  {c:>14}: saved {r['saved_bytes'] / MiB:7.0f} MiB/step, peak RSS "
+              f"{r['peak_rss'] / MiB:6.0f} MiB, peak live {r['peak_live'] / MiB:6.0f} MiB, "
+              f"{r['step_ms']:6.0f} ms/step", flush=True)
+    print("\n" + format_table(results))
+    print("\nsaved: exact bytes held for backward (compressed: the step's peak; plain: the unique "
+          "saved storages). live: RSS less the allocators' free memory. measured / computed: "
+          "(peak RSS of fp32 - this) / (saved of fp32 - this), against fp32 with the same "
+          "allocator.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "sizes": sizes, "results": results}, f, indent=1)
+    return 0
