@@ -34,9 +34,9 @@
 #define MAX_RUN 0x7FFFFFFFu    /* pages in one run: 8 TiB */
 #define DEFAULT_RESERVE (sizeof(void *) >= 8 ? (size_t)1 << 35 : (size_t)1 << 28)
 #define MIN_RESERVE ((size_t)64 << 20)
+#define SLACK(n) (((n) + 7) / 8) /* a request may take a planned block this much larger */
 #define MAX_USES 65536    /* allocations a period records; beyond, the next one has no plan */
 #define MAX_PLANNED 4096  /* blocks a plan places (it costs O(n^2 log n) at the reset) */
-#define LOOKAHEAD 8       /* plan entries a request may skip to find its own */
 
 typedef struct {
     unsigned char *base;
@@ -49,9 +49,11 @@ typedef struct {
 
 /* A period runs from one reset to the next (a training step). The store records where and
  * when the first region's blocks of a period live (`uses`, in the order they came) and, at
- * the reset, plans where each of them goes the next time (store_plan.h); the next period
- * follows the plan while its requests match the recorded ones, and places the rest first-fit
- * above what the plan spans. */
+ * the reset, plans where each of them goes the next time (store_plan.h). In the next period
+ * a request takes the plan entry of its size whose time in the last period is nearest its
+ * own and whose pages are free, so a step that skips, adds or reorders a few requests still
+ * follows the plan; a request no entry serves goes first-fit above what the plan spans,
+ * where it takes no planned block's pages. */
 struct ac_store {
     atomic_flag lock;
     size_t reserve_pages;
@@ -62,7 +64,8 @@ struct ac_store {
     size_t nuses, ucap, clock; /* clock: allocations and releases so far this period */
     int lost;               /* a use went unrecorded (out of memory): no plan from this period */
     plan_block *plan;       /* the last period's uses, placed: .pages and .at */
-    size_t nplan, next, plan_top; /* next: the plan entry the next request is matched with */
+    unsigned char *taken;   /* per plan entry: a block of this period took it */
+    size_t nplan, plan_top;
 };
 
 static void lock(ac_store *s) {
@@ -156,6 +159,7 @@ void ac_store_delete(ac_store *s) {
     free(s->regs);
     free(s->uses);
     free(s->plan);
+    free(s->taken);
     free(s);
 }
 
@@ -237,17 +241,26 @@ static int take(ac_store *s, region *g, size_t run, size_t at, size_t n) {
     return 0;
 }
 
-/* Where the plan puts the next request of n pages: the next entry, or one a few entries on
- * when the step skipped some (LOOKAHEAD); npages when none matches or its pages are taken. */
+/* Where the plan puts a request of n pages now: the free entry nearest the period's clock
+ * among those of n pages up to SLACK larger (payloads that hold a data-dependent number of
+ * nonzeros change size from step to step); npages when there is none. */
 static size_t planned(ac_store *s, size_t n, size_t *run) {
     const region *g = &s->regs[0];
-    for (size_t j = s->next; j < s->nplan && j < s->next + LOOKAHEAD; j++) {
-        if (s->plan[j].pages != n) continue;
-        if (!is_free(g, s->plan[j].at, n, run)) return g->npages;
-        s->next = j + 1;
-        return s->plan[j].at;
+    size_t best = s->nplan, best_gap = SIZE_MAX, best_run = 0;
+    for (size_t j = 0; j < s->nplan; j++) {
+        if (s->taken[j] || s->plan[j].pages < n || s->plan[j].pages > n + SLACK(n)) continue;
+        size_t t = s->plan[j].start;
+        size_t gap = t > s->clock ? t - s->clock : s->clock - t;
+        if (gap < best_gap && is_free(g, s->plan[j].at, n, run)) {
+            best = j;
+            best_gap = gap;
+            best_run = *run;
+        }
     }
-    return g->npages;
+    if (best == s->nplan) return g->npages;
+    s->taken[best] = 1;
+    *run = best_run;
+    return s->plan[best].at;
 }
 
 /* Records a block of region 0 among the period's uses. */
@@ -401,8 +414,10 @@ static void make_plan(ac_store *s) {
     plan_block *plan = ended && ended <= MAX_PLANNED && !s->lost
                            ? malloc((s->nuses + nlive) * sizeof *plan) : NULL;
     free(s->plan);
+    free(s->taken);
     s->plan = NULL;
-    s->nplan = s->next = s->plan_top = 0;
+    s->taken = NULL;
+    s->nplan = s->plan_top = 0;
     if (plan == NULL) return;
     plan_block *live = plan + s->nuses;
     size_t m = 0;
@@ -412,11 +427,14 @@ static void make_plan(ac_store *s) {
     for (size_t k = 0; k < s->nuses; k++)
         if (s->uses[k].end != SIZE_MAX) plan[n++] = s->uses[k]; /* in the order they came */
     size_t top = plan_place(plan, n, live, nlive);
-    if (top == SIZE_MAX || top > g->npages) {
+    unsigned char *taken = calloc(n, 1);
+    if (top == SIZE_MAX || top > g->npages || taken == NULL) {
         free(plan);
+        free(taken);
         return;
     }
     s->plan = plan;
+    s->taken = taken;
     s->nplan = n;
     s->plan_top = top;
 }
@@ -447,7 +465,7 @@ static void new_period(ac_store *s) {
     region *g = &s->regs[0];
     for (size_t k = 0; k < s->nuses; k++)
         if (s->uses[k].end == SIZE_MAX) g->owner[s->uses[k].at] = 0;
-    s->nuses = s->clock = s->next = 0;
+    s->nuses = s->clock = 0;
     s->lost = 0;
 }
 

@@ -10,6 +10,7 @@
 #if defined(__linux__) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE /* mincore */
 #endif
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -124,9 +125,12 @@ static void reset_tests(void) {
 #if defined(__linux__)
     unsigned char pages[2048]; /* one byte per page of the 8 MiB */
     int resident = 0;
-    if (report(mincore(p[0], 8u << 20, pages) == 0, "mincore"))
+    if (mincore(p[0], 8u << 20, pages) == 0) {
         for (int i = 256; i < 2048; i++) resident += pages[i] & 1;
-    report(resident == 0, "the pages given back are not resident (%d are)", resident);
+        report(resident == 0, "the pages given back are not resident (%d are)", resident);
+    } else { /* qemu-user has no mincore */
+        printf("mincore: %s, residency not checked\n", strerror(errno));
+    }
 #endif
     ac_store_release(s, one);
     ac_store_reset_peak(s);
@@ -215,6 +219,20 @@ static void planned_step_tests(void) {
            "requests the plan does not know go above it");
     ac_store_release(s, a);
     ac_store_release(s, b);
+    ac_store_delete(s);
+
+    /* a step that skips z and whose w shrank by a page still follows the plan */
+    s = ac_store_new(1u << 20);
+    fragmenting_step(s, first);
+    ac_store_reset_peak(s);
+    fragmenting_step(s, second);
+    ac_store_reset_peak(s);
+    unsigned char *x = ac_store_alloc(s, 4 * PAGE), *y = ac_store_alloc(s, 4 * PAGE);
+    ac_store_release(s, x);
+    unsigned char *w = ac_store_alloc(s, 7 * PAGE);
+    report(x == second[0] && y == second[1] && w == second[3], "a step that varies a little");
+    ac_store_release(s, y);
+    ac_store_release(s, w);
     ac_store_delete(s);
 }
 
