@@ -286,7 +286,7 @@ void *ac_store_alloc(ac_store *s, size_t nbytes) {
     void *p = NULL;
     if (s->nregs) { /* region 0: the plan, else first fit (above the plan, if there is one) */
         region *g = &s->regs[0];
-        size_t run, at = planned(s, n, &run);
+        size_t run = 0, at = planned(s, n, &run);
         if (at == g->npages) at = find_run(g, n, s->nplan ? s->plan_top : 0, &run);
         if (at < g->npages && take(s, g, run, at, n) == 0) {
             p = g->base + at * PAGE;
