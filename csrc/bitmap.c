@@ -8,13 +8,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(_WIN32)
-#include <windows.h>
-#define ac_yield() SwitchToThread()
-#else
-#include <sched.h>
-#define ac_yield() sched_yield()
-#endif
 
 /* 128 KiB of input per block: a block and its compacted copy stay in L2. */
 #define BLOCK_BYTES (128u * 1024u)

@@ -1,15 +1,14 @@
 /* The activation store: memory the library maps itself for what a training step keeps from
- * its forward pass to its backward, or (a store of its own, through actcodec.torch.allocator)
- * for torch's large tensors (see actcodec.h). A region of address space is reserved at once (32 GiB on 64-bit
+ * its forward pass to its backward and, opted in (actcodec.torch.allocator), torch's large
+ * tensors (see actcodec.h). A region of address space is reserved at once (32 GiB on 64-bit
  * systems; a block larger than that gets a region of its own) and pages become resident only
- * when a block first reaches them. A block is a run of whole pages inside one region, placed
- * first-fit, so the same sequence of requests lands where it did the step before, on pages
- * already resident. Each page run is described by boundary tags: the first and the last
- * page of every run, allocated or free, hold its length and whether it is free, so a released
- * run merges with its free neighbours in constant time. At each reset (a step boundary) the
- * pages of a region above the highest block of the step that just ended are given back to the
- * system: a step that needs less than the one before gives the difference back at its end
- * (DAF 3.4.4), and one that needs the same as the last one never faults. */
+ * when a block first reaches them. A block is a run of whole pages inside one region. Each
+ * page run is described by boundary tags: the first and the last page of every run, allocated
+ * or free, hold its length and whether it is free, so a released run merges with its free
+ * neighbours in constant time. The first region follows a plan made from the step before
+ * (see struct ac_store); other requests are placed first fit. At each reset (a step boundary)
+ * the pages neither the plan nor a live block needs are given back to the system (DAF 3.4.4),
+ * and a step that repeats the last one never faults. */
 #if !defined(_WIN32) && !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS and madvise under -std=c11 */
 #endif
@@ -19,14 +18,12 @@
 #include <string.h>
 #include "actcodec.h"
 #include "store_plan.h"
+#include "threads.h"
 #if defined(_WIN32)
 #include <windows.h>
-#define ac_yield() SwitchToThread()
 #else
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#define ac_yield() sched_yield()
 #endif
 
 #define PAGE ((size_t)4096)
