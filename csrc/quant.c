@@ -52,6 +52,7 @@ typedef struct {
     float *mins, *scales;
     int fixed;           /* per-tensor mode: stats precomputed in fixed_mn/fixed_mx */
     float fixed_mn, fixed_mx;
+    size_t tile;         /* encode's step: a power of two dividing TILE (encode_tile) */
 } job;
 
 /* Elements [s, e) as float32: the input itself when it is float32, else converted into buf. */
@@ -113,6 +114,20 @@ static inline int tiles_hold_whole_groups(size_t G, size_t tile) {
     return G <= tile && tile % G == 0;
 }
 
+/* Encode reads each tile twice: from memory for the min/max, then from L1 for the codes.
+ * While the codes are computed no new lines are requested and the prefetcher's stream
+ * pauses; short tiles keep those pauses short. Input under half a typical L3 is usually
+ * still cached from the op that wrote it, where long tiles cost fewer calls. The tile never
+ * changes the bytes written (codes and keys depend on element indices only). */
+#define SHORT_TILE 512u
+#define SHORT_TILES_FROM ((size_t)16 << 20)
+
+static size_t encode_tile(size_t nbytes, size_t group) {
+    if (nbytes < SHORT_TILES_FROM) return TILE;
+    if (group <= SHORT_TILE) return SHORT_TILE;
+    return tiles_hold_whole_groups(group, TILE) ? group : TILE;
+}
+
 /* Groups under 32 elements (the C API takes them; Python's does not) take the per-group path
  * in encode, which bounds the stack arrays below. */
 #define GROUP_MIN_TILED 32u
@@ -125,7 +140,7 @@ static inline int tiles_hold_whole_groups(size_t G, size_t tile) {
 static int tile_of_groups(const job *j, size_t ts, size_t te, const float *x, uint32_t levels,
                           uint32_t key, uint8_t *codes) {
     size_t G = j->group, nt = te - ts;
-    if (j->fixed || G < GROUP_MIN_TILED || !tiles_hold_whole_groups(G, TILE)) return 0;
+    if (j->fixed || G < GROUP_MIN_TILED || !tiles_hold_whole_groups(G, j->tile)) return 0;
     size_t g0 = ts / G, ng = (nt + G - 1) / G;
     float lo[GROUPS_PER_TILE_MAX], hi[GROUPS_PER_TILE_MAX];
     float scale[GROUPS_PER_TILE_MAX], inv[GROUPS_PER_TILE_MAX];
@@ -151,8 +166,8 @@ static size_t encode_range(const job *j, size_t a, size_t b) {
     uint32_t levels = (1u << j->bits) - 1u;
     size_t per = 256 / (size_t)j->bits, g_cur = NONE, G = j->group;
     float mn = 0, inv = 0, scale = 0;
-    for (size_t ts = a; ts < b; ts += TILE) {
-        size_t te = b - ts < TILE ? b : ts + TILE;
+    for (size_t ts = a; ts < b; ts += j->tile) {
+        size_t te = b - ts < j->tile ? b : ts + j->tile;
         const float *x = as_f32(j, ts, te, fbuf);
         /* At 8 bits the unified layout is the identity: codes go straight to their bytes. */
         uint8_t *cbuf = j->bits == 8 ? j->packed + ts : codes;
@@ -283,7 +298,7 @@ int ac_minmax(const void *src, size_t n, int dtype, float *mn, float *mx, size_t
     if (status != AC_OK) return status;
     *bad_index = NONE;
     if (n == 0) return AC_EINVAL;
-    job j = {call.k, src, n, dtype_size(dtype), n, dtype, 8, 0, 0, 0, NULL, NULL, NULL, 0, 0, 0};
+    job j = {call.k, src, n, dtype_size(dtype), n, dtype, 8, 0, 0, 0, NULL, NULL, NULL, 0, 0, 0, TILE};
     size_t ntiles = n / TILE + (n % TILE != 0);
     return minmax_parallel(&j, ac_threads_for(call.threads, n * j.es, ntiles), mn, mx, bad_index);
 }
@@ -301,7 +316,8 @@ int ac_quant_encode(const void *src, size_t n, int dtype, int bits, size_t group
     if (n == 0) return AC_OK;
     if (src == NULL || packed == NULL || mins == NULL || scales == NULL) return AC_EINVAL;
     job j = {call.k, src, n, dtype_size(dtype), group == 0 || group > n ? n : group,
-             dtype, bits, rounding, call.trick, seed, packed, mins, scales, 0, 0, 0};
+             dtype, bits, rounding, call.trick, seed, packed, mins, scales, 0, 0, 0, TILE};
+    j.tile = encode_tile(n * j.es, j.group);
     size_t ntiles = n / TILE + (n % TILE != 0);
     int threads = ac_threads_for(call.threads, n * j.es, ntiles);
     size_t span = range_size(n, threads), bad = NONE;
@@ -337,7 +353,7 @@ int ac_quant_decode(const uint8_t *packed, const float *mins, const float *scale
     if (packed == NULL || mins == NULL || scales == NULL || dst == NULL) return AC_EINVAL;
     job j = {call.k, dst, n, dtype_size(out_dtype), group == 0 || group > n ? n : group,
              out_dtype, bits, 0, call.trick, 0, (uint8_t *)packed, (float *)mins,
-             (float *)scales, 0, 0, 0};
+             (float *)scales, 0, 0, 0, TILE};
     size_t ntiles = n / TILE + (n % TILE != 0);
     int threads = ac_threads_for(call.threads, n * j.es, ntiles);
     size_t span = range_size(n, threads), nranges = (n + span - 1) / span;

@@ -83,6 +83,15 @@ def test_large_arrays_cross_threads(opts, nbits, group, rounding):
     _check("float32", x.view(np.uint32), nbits, group, rounding, 12345, opts)
 
 
+@pytest.mark.parametrize("nbits,group,rounding", [(2, 256, "stochastic"), (8, 64, "nearest"),
+                                                  (4, 1024, "nearest")])
+def test_inputs_from_16_mib_take_short_tiles(opts, nbits, group, rounding):
+    # 16 MiB of input and more is encoded in shorter tiles: the bytes must not change.
+    rng = np.random.default_rng(nbits)
+    x = (rng.standard_normal((16 << 20) // 4 + 1001) * 3).astype(np.float32)
+    _check("float32", x.view(np.uint32), nbits, group, rounding, 777, opts)
+
+
 @given(float_arrays(), st.sampled_from(BITS), GROUPS, st.sampled_from(["nearest", "stochastic"]))
 def test_error_bound(case, nbits, group, rounding):
     name, bits = case
