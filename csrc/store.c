@@ -6,7 +6,7 @@
  * page run is described by boundary tags: the first and the last page of every run, allocated
  * or free, hold its length and whether it is free, so a released run merges with its free
  * neighbours in constant time. The first region follows a plan made from the step before
- * (see struct ac_store); other requests are placed first fit. At each reset (a step boundary)
+ * (see struct ac_store); the other regions' requests are placed first fit. At each reset (a step boundary)
  * the pages neither the plan nor a live block needs are given back to the system (DAF 3.4.4),
  * and a step that repeats the last one never faults. */
 #if !defined(_WIN32) && !defined(_DEFAULT_SOURCE)
@@ -31,7 +31,7 @@
 #define MAX_RUN 0x7FFFFFFFu    /* pages in one run: 8 TiB */
 #define DEFAULT_RESERVE (sizeof(void *) >= 8 ? (size_t)1 << 35 : (size_t)1 << 28)
 #define MIN_RESERVE ((size_t)64 << 20)
-#define SLACK(n) (((n) + 7) / 8) /* a request may take a planned block this much larger */
+#define SLACK(n) (((n) + 7) / 8) /* how much a plan entry may differ from the request it serves */
 #define MAX_USES 65536    /* allocations a period records; beyond, the next one has no plan */
 #define MAX_PLANNED 4096  /* blocks a plan places (it costs O(n^2 log n) at the reset) */
 
@@ -49,8 +49,8 @@ typedef struct {
  * the reset, plans where each of them goes the next time (store_plan.h). In the next period
  * a request takes the plan entry of its size whose time in the last period is nearest its
  * own and whose pages are free, so a step that skips, adds or reorders a few requests still
- * follows the plan; a request no entry serves goes first-fit above what the plan spans,
- * where it takes no planned block's pages. */
+ * follows the plan; a request no entry serves goes where no entry still to come needs the
+ * pages while it lives (as far as the plan can tell), so it displaces no other request. */
 struct ac_store {
     atomic_flag lock;
     size_t reserve_pages;
@@ -59,6 +59,8 @@ struct ac_store {
     size_t used_pages, peak_pages, touched_pages, blocks;
     plan_block *uses;       /* this period's allocations in region 0 */
     size_t nuses, ucap, clock; /* clock: allocations and releases so far this period */
+    size_t now;             /* where this period is in the last one's time: the time of the last
+                               entry taken, plus the releases since */
     int lost;               /* a use went unrecorded (out of memory): no plan from this period */
     plan_block *plan;       /* the last period's uses, placed: .pages and .at */
     unsigned char *taken;   /* per plan entry: a block of this period took it */
@@ -238,26 +240,88 @@ static int take(ac_store *s, region *g, size_t run, size_t at, size_t n) {
     return 0;
 }
 
-/* Where the plan puts a request of n pages now: the free entry nearest the period's clock
- * among those of n pages up to SLACK larger (payloads that hold a data-dependent number of
- * nonzeros change size from step to step); npages when there is none. */
+/* Whether a plan entry other than `skip`, not yet taken, needs any of pages [at, at + n) at
+ * some moment of [from, to). */
+static int claimed(const ac_store *s, size_t at, size_t n, size_t from, size_t to, size_t skip) {
+    for (size_t k = 0; k < s->nplan; k++) {
+        const plan_block *e = &s->plan[k];
+        if (k != skip && !s->taken[k] && e->at < at + n && at < e->at + e->pages &&
+            e->start < to && from < e->end)
+            return 1;
+    }
+    return 0;
+}
+
+static size_t distance(size_t a, size_t b) { return a > b ? a - b : b - a; }
+
+/* A plan entry a request of n pages may take: up to SLACK(n) larger or smaller (payloads that
+ * hold a data-dependent number of nonzeros change size from step to step). */
+static int similar(size_t pages, size_t n) { return pages + SLACK(n) >= n && pages <= n + SLACK(n); }
+
+#define TRIES 8 /* plan entries a request looks at, nearest in time first */
+
+/* Where the plan puts a request of n pages now: the entry of a similar size nearest the
+ * period's `now` whose pages are free now. An entry smaller than n serves only if the pages
+ * it lacks are free and no entry still to come needs them during its time. npages if none. */
 static size_t planned(ac_store *s, size_t n, size_t *run) {
     const region *g = &s->regs[0];
-    size_t best = s->nplan, best_gap = SIZE_MAX, best_run = 0;
+    size_t tried[TRIES];
+    for (size_t t = 0; t < TRIES; t++) {
+        size_t best = s->nplan, best_gap = SIZE_MAX;
+        for (size_t j = 0; j < s->nplan; j++) {
+            size_t gap = distance(s->plan[j].start, s->now);
+            if (s->taken[j] || !similar(s->plan[j].pages, n) || gap >= best_gap) continue;
+            int seen = 0;
+            for (size_t i = 0; i < t; i++) seen |= tried[i] == j;
+            if (!seen) {
+                best = j;
+                best_gap = gap;
+            }
+        }
+        if (best == s->nplan) break;
+        tried[t] = best;
+        const plan_block *e = &s->plan[best];
+        if (!is_free(g, e->at, n, run)) continue;
+        size_t from = e->start < s->now ? e->start : s->now;
+        if (e->pages < n && claimed(s, e->at + e->pages, n - e->pages, from,
+                                    from + (e->end - e->start) + best_gap, best))
+            continue;
+        s->taken[best] = 1;
+        s->now = e->start + 1;
+        return e->at;
+    }
+    return g->npages;
+}
+
+/* Where a request the plan does not serve goes in region 0: the lowest pages free now that no
+ * entry still to come needs while the request is expected to live (as long as the entry
+ * nearest in time among those of a similar size; without one, to the period's end), so it
+ * displaces no later request. npages if nowhere. */
+static size_t unplanned(ac_store *s, size_t n, size_t *run) {
+    region *g = &s->regs[0];
+    if (!s->nplan) return find_run(g, n, 0, run);
+    size_t to = SIZE_MAX, best_gap = SIZE_MAX, nruns = 0;
     for (size_t j = 0; j < s->nplan; j++) {
-        if (s->taken[j] || s->plan[j].pages < n || s->plan[j].pages > n + SLACK(n)) continue;
-        size_t t = s->plan[j].start;
-        size_t gap = t > s->clock ? t - s->clock : s->clock - t;
-        if (gap < best_gap && is_free(g, s->plan[j].at, n, run)) {
-            best = j;
+        const plan_block *e = &s->plan[j];
+        size_t gap = distance(e->start, s->now);
+        if (similar(e->pages, n) && gap < best_gap) {
             best_gap = gap;
-            best_run = *run;
+            to = s->now + (e->end - e->start);
         }
     }
-    if (best == s->nplan) return g->npages;
-    s->taken[best] = 1;
-    *run = best_run;
-    return s->plan[best].at;
+    for (size_t a = 0; a < g->npages; a += run_len(g->head[a])) nruns++;
+    plan_block *busy = malloc((nruns + s->nplan) * sizeof *busy);
+    if (busy == NULL) return find_run(g, n, s->plan_top, run); /* above the plan: displaces none */
+    size_t m = 0;
+    for (size_t a = 0; a < g->npages; a += run_len(g->head[a]))
+        if (!is_free_run(g->head[a])) busy[m++] = (plan_block){run_len(g->head[a]), 0, 0, a};
+    for (size_t j = 0; j < s->nplan; j++) {
+        const plan_block *e = &s->plan[j];
+        if (!s->taken[j] && e->start < to && s->now < e->end) busy[m++] = *e;
+    }
+    size_t at = plan_first_gap(busy, m, n);
+    free(busy);
+    return n <= g->npages && at <= g->npages - n && is_free(g, at, n, run) ? at : g->npages;
 }
 
 /* Records a block of region 0 among the period's uses. */
@@ -281,10 +345,10 @@ void *ac_store_alloc(ac_store *s, size_t nbytes) {
     size_t n = (nbytes + PAGE - 1) / PAGE;
     lock(s);
     void *p = NULL;
-    if (s->nregs) { /* region 0: the plan, else first fit (above the plan, if there is one) */
+    if (s->nregs) { /* region 0: the plan, else where the plan needs no pages meanwhile */
         region *g = &s->regs[0];
         size_t run = 0, at = planned(s, n, &run);
-        if (at == g->npages) at = find_run(g, n, s->nplan ? s->plan_top : 0, &run);
+        if (at == g->npages) at = unplanned(s, n, &run);
         if (at < g->npages && take(s, g, run, at, n) == 0) {
             p = g->base + at * PAGE;
             record(s, at, n);
@@ -358,6 +422,7 @@ int ac_store_release(ac_store *s, void *p) {
         give_back(s, g, a, run_len(g->head[a]));
         s->blocks--;
         s->clock++;
+        s->now += i == 0;
     }
     unlock(s);
     return i >= 0 ? AC_OK : AC_EINVAL;
@@ -462,7 +527,7 @@ static void new_period(ac_store *s) {
     region *g = &s->regs[0];
     for (size_t k = 0; k < s->nuses; k++)
         if (s->uses[k].end == SIZE_MAX) g->owner[s->uses[k].at] = 0;
-    s->nuses = s->clock = 0;
+    s->nuses = s->clock = s->now = 0;
     s->lost = 0;
 }
 

@@ -65,3 +65,16 @@ size_t plan_place(plan_block *blocks, size_t n, const plan_block *fixed, size_t 
     free(spans);
     return top;
 }
+
+static int lower_block_first(const void *pa, const void *pb) {
+    const plan_block *a = pa, *b = pb;
+    return (a->at > b->at) - (a->at < b->at);
+}
+
+size_t plan_first_gap(plan_block *blocks, size_t n, size_t pages) {
+    qsort(blocks, n, sizeof *blocks, lower_block_first);
+    size_t at = 0;
+    for (size_t i = 0; i < n && blocks[i].at < at + pages; i++)
+        if (blocks[i].at + blocks[i].pages > at) at = blocks[i].at + blocks[i].pages;
+    return at;
+}

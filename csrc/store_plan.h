@@ -20,4 +20,8 @@ typedef struct {
  * spans (the highest block end, fixed ones included), or (size_t)-1 if out of memory. */
 size_t plan_place(plan_block *blocks, size_t n, const plan_block *fixed, size_t nfixed);
 
+/* The lowest page from which `pages` pages meet none of blocks[0..n) (their times are not
+ * looked at; the array is sorted by `at` in place). */
+size_t plan_first_gap(plan_block *blocks, size_t n, size_t pages);
+
 #endif

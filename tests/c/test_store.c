@@ -213,12 +213,27 @@ static void planned_step_tests(void) {
     report(memcmp(second, third, sizeof second) == 0, "a repeated step lands where the last did");
     u = usage(s);
     report(u.mapped_bytes == 13 * PAGE, "without a new page (%zu)", u.mapped_bytes / PAGE);
-    /* a step that asks for other sizes: first fit above the plan, nothing overlaps */
-    unsigned char *a = ac_store_alloc(s, 3 * PAGE), *b = ac_store_alloc(s, 5 * PAGE);
-    report(a && b && (a + 3 * PAGE <= b || b + 5 * PAGE <= a) && a >= base + 13 * PAGE,
-           "requests the plan does not know go above it");
+    /* after the step's last release no entry is still to come: a request the plan does not
+     * know reuses its pages */
+    unsigned char *a = ac_store_alloc(s, 3 * PAGE), *b = ac_store_alloc(s, 20 * PAGE);
+    report(a && b && (a + 3 * PAGE <= b || b + 20 * PAGE <= a) && a < base + 13 * PAGE,
+           "requests after the plan's last entry reuse its pages");
     ac_store_release(s, a);
     ac_store_release(s, b);
+    ac_store_delete(s);
+
+    /* a request the plan does not know, while the planned step runs, takes no page the plan
+     * needs: the step lands where it did */
+    s = ac_store_new(1u << 20);
+    fragmenting_step(s, first);
+    ac_store_reset_peak(s);
+    fragmenting_step(s, second);
+    ac_store_reset_peak(s);
+    unsigned char *unknown = ac_store_alloc(s, 20 * PAGE);
+    fragmenting_step(s, third);
+    ac_store_release(s, unknown);
+    report(memcmp(second, third, sizeof second) == 0 && unknown >= second[0] + 13 * PAGE,
+           "an unknown request displaces no planned one (%td %td %td %td, %td)", third[0] - second[0], third[1] - second[1], third[2] - second[2], third[3] - second[3], unknown - second[0]);
     ac_store_delete(s);
 
     /* a step that skips z and whose w shrank by a page still follows the plan */
@@ -233,6 +248,23 @@ static void planned_step_tests(void) {
     report(x == second[0] && y == second[1] && w == second[3], "a step that varies a little");
     ac_store_release(s, y);
     ac_store_release(s, w);
+    ac_store_delete(s);
+
+    /* a request a page larger than its entry takes it when no entry still to come needs the
+     * page it adds (a payload with a few more nonzeros than the step before) */
+    s = ac_store_new(1u << 20);
+    for (int step = 0; step < 3; step++) {
+        unsigned char *p = ac_store_alloc(s, 8 * PAGE);
+        ac_store_release(s, p);
+        unsigned char *q = ac_store_alloc(s, (step < 2 ? 4 : 5) * PAGE);
+        memset(q, 1, (step < 2 ? 4 : 5) * PAGE);
+        ac_store_release(s, q);
+        if (step == 2)
+            report(q == p && usage(s).mapped_bytes == 8 * PAGE,
+                   "a grown request keeps to its entry (%zu pages mapped)",
+                   usage(s).mapped_bytes / PAGE);
+        ac_store_reset_peak(s);
+    }
     ac_store_delete(s);
 }
 
