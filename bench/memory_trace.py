@@ -25,8 +25,11 @@ from actcodec import memory  # noqa: E402
 from actcodec import store as stores  # noqa: E402
 
 
-def sample(label: str) -> dict:
-    out = {"t": time.perf_counter(), "at": label, "rss": memory.rss(), "live": memory.live()}
+def sample(label: str, ctx=None) -> dict:
+    """The process's memory now; `stored`: the bytes ctx (a compress_saved context) holds for
+    backward at this moment."""
+    out = {"t": time.perf_counter(), "at": label, "rss": memory.rss(), "live": memory.live(),
+           "stored": getattr(getattr(ctx, "stats", None), "stored_bytes", 0)}
     out.update(memory.heap() or {})
     made = [x.stats() for x in stores.made()]
     out.update(store_mapped=sum(st["mapped_bytes"] for st in made),
@@ -35,13 +38,33 @@ def sample(label: str) -> dict:
 
 
 def blocks_of(model):
-    """The model's repeated blocks: transformers' GPT-2 h.*, ResNet stages' layers."""
+    """The model's blocks: transformers' GPT-2 token embedding and h.*, ResNet's stem and its
+    stages' layers."""
     found = []
     for name, m in model.named_modules():
         parts = name.split(".")
-        if len(parts) >= 2 and parts[-1].isdigit() and parts[-2] in ("h", "layers", "layer"):
+        if parts[-1] in ("wte", "embedder") or (
+                len(parts) >= 2 and parts[-1].isdigit() and parts[-2] in ("h", "layers", "layer")):
             found.append((name, m))
     return found
+
+
+class PeakSampler(memory.Sampler):
+    """memory.Sampler that also notes where the step was (the last block boundary passed) and
+    what the context held for backward when each new peak was read."""
+
+    def __init__(self, where: list, ctx: list):
+        super().__init__()
+        self.where, self.ctx, self.at_peak = where, ctx, None
+
+    def run(self):
+        while not self.stop.is_set():
+            if self.on:
+                now = memory.live()
+                if now > self.peak_live:
+                    stored = getattr(getattr(self.ctx[0], "stats", None), "stored_bytes", 0)
+                    self.peak_live, self.at_peak = now, (self.where[0], stored)
+            time.sleep(self.period)
 
 
 def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool = False) -> dict:
@@ -68,11 +91,14 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
 
     if config == "checkpoint":
         clients.enable_checkpointing(model)
-    step_no = [0]
+    step_no, current = [0], [None]
+
+    where = ["start"]
 
     def hook(label):
         def fn(*args):
-            trace.append({"step": step_no[0], **sample(label)})
+            where[0] = label
+            trace.append({"step": step_no[0], **sample(label, current[0])})
         return fn
 
     def leave(name, out):
@@ -87,7 +113,7 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
         m.register_forward_hook(lambda mod, a, o, n=name: leave(n, o))
     floor = None
     stats = []
-    sampler = memory.Sampler()
+    sampler = PeakSampler(where, current)
     sampler.start()
     for s in range(steps):
         step_no[0] = s
@@ -96,7 +122,9 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
             memory.reset_peak()
             sampler.on = True
         trace.append({"step": s, **sample("start")})
+        where[0] = "start"
         with context() as c:
+            current[0] = c
             loss = loss_fn(model)
         trace.append({"step": s, **sample("loss")})
         loss.backward()
@@ -107,13 +135,19 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
             stats.append({"saved_original": c.stats.original_bytes,
                           "saved_compressed": c.stats.compressed_bytes,
                           "stored_peak": getattr(c.stats, "peak_stored_bytes", None)})
+        current[0] = None
         del loss, c
     sampler.stop.set()
     sampler.join()
     later = [r for r in trace if r["step"] >= 1]
     peak_live = max([r["live"] for r in later] + [sampler.peak_live])
+    if sampler.at_peak and sampler.peak_live >= max(r["live"] for r in later):
+        peak_at = {"after": sampler.at_peak[0], "stored": sampler.at_peak[1], "live": peak_live}
+    else:
+        top = max(later, key=lambda r: r["live"])
+        peak_at = {"after": top["at"], "stored": top["stored"], "live": top["live"]}
     return {"model": model_name, "config": config, "sizes": sizes, "floor_rss": floor,
-            "peak_rss": memory.peak_rss(), "peak_live": peak_live,
+            "peak_rss": memory.peak_rss(), "peak_live": peak_live, "peak_at": peak_at,
             "peak_heap": max(r.get("heap", 0) for r in later), "stats": stats, "trace": trace,
             "store_mapped": sum(x.stats()["mapped_bytes"] for x in stores.made())}
 
@@ -149,6 +183,10 @@ def main(argv=None) -> int:
           f"{r['floor_rss'] / mib:.0f} MiB, peak RSS {r['peak_rss'] / mib:.0f} MiB, peak live {r['peak_live'] / mib:.0f} MiB, peak "
           f"heap {r['peak_heap'] / mib:.0f} MiB, stores {r['store_mapped'] / mib:.0f} MiB "
           f"mapped; saved {r['stats'][-1] if r['stats'] else '-'}")
+    start, pk = last[0]["live"], r["peak_at"]
+    print(f"peak live {pk['live'] / mib:.0f} MiB (after {pk['after']}) = live at the step's start "
+          f"{start / mib:.0f} + held for backward then {pk['stored'] / mib:.0f} + the ops' tensors "
+          f"in flight {(pk['live'] - start - pk['stored']) / mib:.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps(r))
     return 0
