@@ -47,6 +47,7 @@ def _row(codec, params, x, kw, threads, rounds, alts=None):
     if enc.dtype != "float32" and codec != "mask":
         out = np.empty(x.shape, x.dtype)
     cands = {"copy": harness.copy_into(x), "read": harness.read_input(x, threads),
+             "floor": harness.read_and_write(x, enc.nbytes, threads),
              "encode": encode, "decode": lambda: enc.decode(out=out, threads=threads)}
     for label, fns in (alts or {}).items():
         for op, fn in zip(("encode", "decode"), fns):
@@ -56,6 +57,7 @@ def _row(codec, params, x, kw, threads, rounds, alts=None):
     return {"codec": codec, "params": params, "ratio": enc.ratio, "ms": {k: v * 1e3 for k, v in
                                                                           t.items()},
             "encode/read": t["encode"] / t["read"], "encode/copy": t["encode"] / t["copy"],
+            "floor/read": t["floor"] / t["read"],
             "decode/copy": t["decode"] / t["copy"],
             "alts": {label: {op: t[f"{label}: {op}"] / t[op]
                              for op in ("encode", "decode") if f"{label}: {op}" in t}
@@ -107,7 +109,8 @@ def rows(mib: int = 64, rounds: int = 15, threads: int = 2, progress=print) -> l
 
 
 def markdown(rows_: list) -> str:
-    head = ["codec", "case", "size ratio", "encode / read", "encode / copy", "decode / copy",
+    head = ["codec", "case", "size ratio", "encode / read", "floor / read", "encode / copy",
+            "decode / copy",
             "vs numpy (enc, dec)", "vs torch eager (enc, dec)", "vs bitsandbytes (enc, dec)",
             "vs torchao pack (enc, dec)", "ms: copy, read, encode, decode"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -120,7 +123,7 @@ def markdown(rows_: list) -> str:
         ms = r["ms"]
         lines.append("| " + " | ".join([
             r["codec"], r["params"], f"{r['ratio']:.2f}x", f"{r['encode/read']:.2f}",
-            f"{r['encode/copy']:.2f}", f"{r['decode/copy']:.2f}", alt("numpy"),
+            f"{r['floor/read']:.2f}", f"{r['encode/copy']:.2f}", f"{r['decode/copy']:.2f}", alt("numpy"),
             alt("torch eager"), alt("bitsandbytes"), alt("torchao pack"),
             f"{ms['copy']:.1f}, {ms['read']:.1f}, {ms['encode']:.1f}, {ms['decode']:.1f}"]) + " |")
     return "\n".join(lines)

@@ -90,6 +90,17 @@ def read_input(x: np.ndarray, threads: int):
     return lambda: _ext.minmax(flat, wire_id, esize, threads=threads)
 
 
+def read_and_write(x: np.ndarray, nbytes: int, threads: int):
+    """A callable that moves what an encoder writing `nbytes` must at least move: it copies
+    x's first `nbytes` into a preallocated array (torch's threads) and reads the rest of x (the
+    C core's min/max), so every input byte is read once and `nbytes` are written."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    k = min(flat.size, -(-nbytes // flat.itemsize))
+    write = copy_into(flat[:k])
+    read = read_input(flat[k:], threads) if k < flat.size else (lambda: None)
+    return lambda: (write(), read())
+
+
 # --- inputs ------------------------------------------------------------------------------
 
 def normal(nbytes: int, dtype="float32", seed: int = 0) -> np.ndarray:

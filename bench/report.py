@@ -50,7 +50,8 @@ def _kernels(args) -> str:
             "memory reused (encodes write into memory mapped once, as the store gives a "
             "training step; decode writes into a caller's `out=`); "
             "medians of interleaved rounds. `read`: one threaded pass that only reads the "
-            "input (the C min/max), the least an encoder can take; `copy`: torch's threaded "
+            "input (the C min/max); `floor`: that read of the input beside a copy of as many "
+            "bytes as the encoding holds, the least data an encoder moves; `copy`: torch's threaded "
             "copy of the array into memory in use. `vs X`: X's time / ours (> 1: we are "
             "faster).\n\n" + kernels.markdown(rows) + "\n\n" + notes)
 
