@@ -18,6 +18,15 @@ from dataclasses import dataclass, field
 _ACTIVE: list = []
 
 
+class Held:
+    """Bytes one saved tensor holds for backward, as counted (see Accounting.hold)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self):
+        self.nbytes = 0
+
+
 @dataclass
 class Row:
     layer: str
@@ -41,20 +50,26 @@ class Accounting:
         self.stored_bytes = 0
         self.peak_stored_bytes = 0
         self.store = store      # the actcodec Store payloads went to, or None
+        self.budget = None      # compress_saved's byte budget for this step, if any
+        self.reencoded = 0      # saves re-encoded at fewer bits to stay within the budget
+        self.spilled = 0        # saves paged out to disk to stay within the budget
+        self.spilled_bytes = 0
+        self.over_budget = 0    # saves the budget could not hold (kept tensors above it)
         self._lock = threading.Lock()
 
-    def hold(self, owner, nbytes: int) -> None:
-        """Count nbytes as held for backward until `owner` is garbage."""
-        if nbytes <= 0:
-            return
-        with self._lock:
-            self.stored_bytes += nbytes
-            self.peak_stored_bytes = max(self.peak_stored_bytes, self.stored_bytes)
-        weakref.finalize(owner, self._let_go, nbytes)
+    def hold(self, owner, nbytes: int) -> "Held":
+        """Count nbytes as held for backward until `owner` is garbage; `resize` changes it."""
+        held = Held()
+        self.resize(held, nbytes)
+        weakref.finalize(owner, self.resize, held, 0)
+        return held
 
-    def _let_go(self, nbytes: int) -> None:
+    def resize(self, held: "Held", nbytes: int) -> None:
+        """What `held` counts is now nbytes (a payload re-encoded, paged out, or freed)."""
         with self._lock:
-            self.stored_bytes -= nbytes
+            self.stored_bytes += max(nbytes, 0) - held.nbytes
+            held.nbytes = max(nbytes, 0)
+            self.peak_stored_bytes = max(self.peak_stored_bytes, self.stored_bytes)
 
     @property
     def store_mapped_bytes(self) -> int:

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import time
 import weakref
+from dataclasses import replace
 
 import torch
 
 from .. import store as stores
 from . import accounting, packing
+from . import budget as budgets
 from .policy import Policy
 
 # innermost module class -> op kind (the op that is saving)
@@ -54,7 +56,8 @@ class compress_saved:
     heap)."""
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
-                 store=packing.DEFAULT_STORE, **policy_kwargs):
+                 store=packing.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
+                 **policy_kwargs):
         if policy is not None and policy_kwargs:
             raise TypeError("pass a Policy or policy keywords, not both")
         self.policy = policy if policy is not None else Policy(**policy_kwargs)
@@ -68,14 +71,39 @@ class compress_saved:
         self._kept: dict = {}  # (storage, version, device) -> packed ref, for kept tensors
         self._handles: list = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._record = accounting.record(self.stats)
+        self._record = None  # accounting.record(self.stats), while inside
+        # Under a budget (actcodec.torch.budget): what the steps learned about each save site,
+        # the bits planned for this step, and the live saves with what makes room.
+        self._budget = budgets.parse_bytes(budget)
+        self._keeper = budgets.Keeper(self.stats, spill_dir)
+        self._sites: dict = {}
+        self._plan: dict = {}
+        self._ordinals: dict = {}
+        self._kept_bytes = 0  # held at sizes no bits change (kept, masks, integers) this step
+
+    @property
+    def budget(self) -> int | None:
+        """Bytes the step may hold for backward (None: no budget). Settable between steps and
+        from another thread during one: what is held is made to fit at once."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, value) -> None:
+        value = budgets.parse_bytes(value)
+        self._budget = value
+        self.stats.budget = value
+        if value is not None:
+            self._keeper.shrink(value)
 
     def __enter__(self):
+        if self._budget is not None:
+            self._new_budget_step()
         self.policy.next_step()
         stores.new_step(self.store)  # what the steps before no longer need goes back
         reg = torch.nn.modules.module
         self._handles = [reg.register_module_forward_pre_hook(self._enter_module),
                          reg.register_module_forward_hook(self._leave_module, always_call=True)]
+        self._record = accounting.record(self.stats)
         self._record.__enter__()
         self._hooks.__enter__()
         return self
@@ -88,6 +116,25 @@ class compress_saved:
         self._kept.clear()
         self._record.__exit__(*exc)
         return self._hooks.__exit__(*exc)
+
+    def _new_budget_step(self) -> None:
+        """Plans this step's bits from what the last steps learned; the step's counters start
+        afresh."""
+        st = self.stats
+        st.budget, st.reencoded, st.spilled, st.spilled_bytes, st.over_budget = \
+            self._budget, 0, 0, 0, 0
+        st.peak_stored_bytes = st.stored_bytes
+        room = int(self._budget * (1 - budgets.MARGIN)) - st.stored_bytes - self._kept_bytes
+        self._plan = budgets.plan(self._sites, max(room, 0)) if self._sites else {}
+        self._ordinals, self._kept_bytes = {}, 0
+
+    def _site(self, op: str, layer, t: torch.Tensor) -> tuple:
+        """The key of this save among the step's: the same op, layer, shape and dtype, and how
+        many such saves came before it."""
+        kind = (op, layer, tuple(t.shape), t.dtype)
+        n = self._ordinals.get(kind, 0)
+        self._ordinals[kind] = n + 1
+        return (*kind, n)
 
     def _enter_module(self, module, args):
         self._stack.append(module)
@@ -130,12 +177,25 @@ class compress_saved:
                 return packed
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, nbytes)
+        budget, site = self._budget, None
+        if budget is not None and setting.codec != "keep":
+            site = self._site(op, layer, t)
+            if site in self._plan:
+                setting = _with_bits(setting, self._plan[site])
         t0 = time.perf_counter()
-        packed = packing.pack(t, setting, self.store)
+        packed = packing.pack(t, setting, self.store, keep_dense=budget is None)
         if packed.is_kept:
             return self._keep(t, packed)
         self.stats.add(layer, op, packed, time.perf_counter() - t0)
-        self.stats.hold(packed, packed.nbytes)
+        if budget is None:
+            self.stats.hold(packed, packed.nbytes)
+        else:
+            learned = _learn(t, packed, setting, op)
+            if learned is not None:
+                self._sites[site] = learned
+            else:
+                self._kept_bytes += packed.nbytes
+            self._keeper.admit(packed, learned, setting, self.store, budget)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
 
@@ -152,7 +212,11 @@ class compress_saved:
             return hit()  # the same storage kept already: held once
         packed = packed if packed is not None else packing.keep(t)
         self._kept[key] = weakref.ref(packed)
-        self.stats.hold(packed, t.untyped_storage().nbytes())
+        nbytes = t.untyped_storage().nbytes()
+        if self._budget is not None:
+            self._keeper.reserve(nbytes, self._budget)
+            self._kept_bytes += nbytes
+        self.stats.hold(packed, nbytes)
         return packed
 
     @staticmethod
@@ -160,3 +224,22 @@ class compress_saved:
         if not isinstance(packed, packing.Packed):
             return packed
         return packed.unpack()
+
+
+def _with_bits(setting: packing.Setting, bits) -> packing.Setting:
+    """`setting` at `bits` (None: lossless)."""
+    if bits is None and setting.codec in ("quant", "bitmap_quant"):
+        return replace(setting, bits=None, codec="auto")
+    return replace(setting, bits=bits)
+
+
+def _learn(t: torch.Tensor, packed: packing.Packed, setting: packing.Setting, op: str):
+    """What a budget plans with about this save (budget.Site), or None where bits do not
+    apply (masks, integers)."""
+    enc = packed.enc
+    if enc is None or enc.codec == "mask" or t.dtype not in packing.FLOATS:
+        return None
+    n = t.numel()
+    nnz = enc.nnz if enc.nnz is not None else n
+    return budgets.Site(n, nnz, t.element_size(), setting.group_size,
+                        budgets.noise_at_one_bit(t, enc, op))

@@ -79,7 +79,7 @@ class Packed:
     narrowed to a smaller integer type) with the version it had when saved."""
 
     __slots__ = ("enc", "layout", "kept", "version", "original_nbytes", "threads", "uses",
-                 "on_decode", "_pending", "_decoded", "__weakref__")
+                 "on_decode", "_pending", "_decoded", "spill", "lock", "__weakref__")
 
     def __init__(self, enc=None, layout=None, kept=None, original_nbytes=0, threads=1):
         self.enc, self.layout, self.kept = enc, layout, kept
@@ -92,6 +92,10 @@ class Packed:
         # some of the uses, torch.autograd.grad on part of a graph, leaves the copy held
         # until the next unpack or until the graph is freed: memory, never wrong values.)
         self.uses, self._pending, self._decoded, self.on_decode = 1, 0, None, None
+        # Under a budget (actcodec.torch.budget): the payload paged out, as (spill file,
+        # where, the Encoded without buffers or a narrowed tensor's (dtype, shape)), and the lock a budget change takes to
+        # re-encode or page it out while backward may be restoring it.
+        self.spill, self.lock = None, None
 
     @property
     def codec(self) -> str:
@@ -101,7 +105,10 @@ class Packed:
 
     @property
     def nbytes(self) -> int:
-        """Exact bytes held: the payload buffers, or the kept tensor's elements."""
+        """Exact bytes held in memory: the payload buffers, or the kept tensor's elements (0
+        once paged out)."""
+        if self.spill is not None:
+            return 0
         if self.enc is not None:
             return self.enc.nbytes
         return self.kept.numel() * self.kept.element_size()
@@ -138,8 +145,22 @@ class Packed:
         return out
 
     def _restore(self) -> torch.Tensor:
-        if self.enc is None:
-            t = self.kept
+        if self.lock is None:
+            return self._restore_now()
+        with self.lock:
+            return self._restore_now()
+
+    def _restore_now(self) -> torch.Tensor:
+        enc, kept = self.enc, self.kept
+        if self.spill is not None:
+            spill, where, template = self.spill
+            data = spill.read(where)
+            if isinstance(template, tuple):  # a narrowed integer tensor: (dtype, shape)
+                kept = data[0].view(template[0]).reshape(template[1])
+            else:
+                enc = replace(template, buffers=tuple(data))
+        if enc is None:
+            t = kept
             if self.version is not None and t._version != self.version:
                 raise RuntimeError(
                     f"one of the variables needed for gradient computation has been modified "
@@ -148,17 +169,19 @@ class Packed:
                     f"actcodec kept uncompressed; plain PyTorch raises the same error)")
             return t if self.layout is None else t.to(self.layout.dtype)
         return layouts.restore(self.layout, lambda dest: tensors.decode(
-            self.enc, out=dest, threads=self.threads))
+            enc, out=dest, threads=self.threads))
 
 
 def keep(t: torch.Tensor) -> Packed:
     return Packed(kept=t, original_nbytes=t.numel() * t.element_size())
 
 
-def pack(t: torch.Tensor, setting: Setting, store=DEFAULT_STORE) -> Packed:
+def pack(t: torch.Tensor, setting: Setting, store=DEFAULT_STORE, keep_dense: bool = True) -> Packed:
     """Compress `t` as `setting` says (see the module docstring for what is kept). Payloads
     take memory from `store` (see store_of); the tensors backward decodes come from torch's
-    allocator, like the ops' own (actcodec.torch.allocator serves both from a store)."""
+    allocator, like the ops' own (actcodec.torch.allocator serves both from a store).
+    keep_dense=False: a dense tensor under a lossless setting is copied into a raw payload
+    rather than kept (a budget can then page it out or re-encode it)."""
     t = t.detach()
     nbytes = t.numel() * t.element_size()
     if setting.codec == "keep" or t.is_complex() or t.is_sparse or t.is_quantized:
@@ -173,7 +196,7 @@ def pack(t: torch.Tensor, setting: Setting, store=DEFAULT_STORE) -> Packed:
     lay, source = captured
     threads = setting.thread_count()
     store = store_of(store) if source.device.type == "cpu" else None
-    enc = choice.encode(source, setting.codec, keep_raw=True, threads=threads,
+    enc = choice.encode(source, setting.codec, keep_raw=keep_dense, threads=threads,
                         alloc=None if store is None else stores.StoreAlloc(store, _scratch),
                         **setting.codec_kwargs())
     if enc is None:
