@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--mib", type=int, default=64, help="kernel and reduce array size")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--step-configs", default="fp32,lossless,8bit,2bit,checkpoint")
+    p.add_argument("--step-configs", default="fp32,lossless,8bit,2bit,budget/8,checkpoint")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the report runs")
     p.add_argument("--out", default=str(HERE.parent / "docs" / "RESULTS.md"))
     args = p.parse_args(argv)

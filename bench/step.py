@@ -7,8 +7,9 @@ the median of per-round ratios.
                          [--gpt2 batch=8,seq=512] [--resnet batch=64,size=128]
 
 Configurations: fp32 (plain PyTorch), any Policy.preset name through the saved-tensor hooks,
-and checkpoint (non-reentrant activation checkpointing); a "+store" suffix runs the step with
-actcodec's torch allocator installed (actcodec.torch.allocator), removed again after it."""
+budget/N (compress_saved(budget=) at 1/N of the bytes plain fp32 saves) and checkpoint
+(non-reentrant activation checkpointing); a "+store" suffix runs the step with actcodec's
+torch allocator installed (actcodec.torch.allocator), removed again after it."""
 from __future__ import annotations
 
 import argparse
@@ -26,12 +27,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
 
 
-def _context(name: str):
+def _context(name: str, model, loss_fn):
+    """The context one configuration runs every step in (made once: a budget learns from the
+    steps before)."""
     if name in ("fp32", "checkpoint"):
         return contextlib.nullcontext()
     import actcodec.torch as act
 
-    return act.compress_saved(act.Policy.preset(name))
+    if name.startswith("budget/"):  # a budget of 1/N of what plain fp32 saves
+        from actcodec.memory import CountSaved
+
+        with CountSaved() as counted:
+            loss = loss_fn(model)
+        del loss
+        return act.compress_saved(model=model, budget=counted.nbytes // int(name[7:]))
+    return act.compress_saved(act.Policy.preset(name), model=model)
 
 
 DESCRIPTION = ("GPT-2 layout (transformers GPT2LMHeadModel, 6 layers x 384, 6 heads), batch "
@@ -39,15 +49,15 @@ DESCRIPTION = ("GPT-2 layout (transformers GPT2LMHeadModel, 6 layers x 384, 6 he
                "batch 32 x 3x128x128")
 
 
-def step(model, loss_fn, name):
-    """One forward and backward of `model` under configuration `name`."""
+def step(model, loss_fn, name, ctx):
+    """One forward and backward of `model` under configuration `name`, in context `ctx`."""
     base, _, store = name.partition("+")
     if store:
         from actcodec.torch import allocator
 
         allocator.install()
     try:
-        with _context(base):
+        with ctx:
             loss = loss_fn(model)
         loss.backward()
         for p in model.parameters():
@@ -66,8 +76,9 @@ def run(model_name: str, configs: list[str], rounds: int, sizes: dict | None = N
         if name.partition("+")[0] == "checkpoint":
             clients.enable_checkpointing(m)
         models[name] = m
-    for name in configs:  # warm-up: lazy state, first-call allocations
-        step(models[name], loss_fn, name)
+    ctxs = {name: _context(name.partition("+")[0], models[name], loss_fn) for name in configs}
+    for name in configs:  # warm-up: lazy state, first-call allocations, a budget's profile
+        step(models[name], loss_fn, name, ctxs[name])
     times = {name: [] for name in configs}
     order = list(configs)
     rng = random.Random(0)
@@ -75,7 +86,7 @@ def run(model_name: str, configs: list[str], rounds: int, sizes: dict | None = N
         rng.shuffle(order)
         for name in order:
             t0 = time.perf_counter()
-            step(models[name], loss_fn, name)
+            step(models[name], loss_fn, name, ctxs[name])
             times[name].append(time.perf_counter() - t0)
     return times
 

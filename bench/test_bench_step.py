@@ -19,8 +19,9 @@ def model(request):
     return request.param, base, loss_fn
 
 
-@pytest.mark.parametrize("config", ["fp32", "8bit", "2bit"])
+@pytest.mark.parametrize("config", ["fp32", "8bit", "2bit", "budget/8"])
 def test_step(benchmark, model, config):
     _, base, loss_fn = model
     m = copy.deepcopy(base).train()
-    benchmark.pedantic(step.step, args=(m, loss_fn, config), rounds=3, warmup_rounds=1)
+    ctx = step._context(config, m, loss_fn)
+    benchmark.pedantic(step.step, args=(m, loss_fn, config, ctx), rounds=3, warmup_rounds=1)

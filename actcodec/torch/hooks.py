@@ -53,13 +53,20 @@ class compress_saved:
     Each entry starts a new step of the policy (fresh stochastic-rounding draws). `.stats` is
     the step's `Accounting`: per-layer rows, totals and a printable `table()`. Payloads live
     in `store` (actcodec.store; the process's activation store by default, None for numpy's
-    heap)."""
+    heap).
+
+    budget (bytes, or a string such as "256MiB"): what the step holds for backward never
+    exceeds it; the bits of each save are planned from the steps before (enter the same
+    context every step), and what does not fit is re-encoded at fewer bits or paged out to a
+    temporary file in `spill_dir` (actcodec.torch.budget). Without a policy, groups of 64."""
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
                  store=packing.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
                  **policy_kwargs):
         if policy is not None and policy_kwargs:
             raise TypeError("pass a Policy or policy keywords, not both")
+        if policy is None and budget is not None:
+            policy_kwargs = {**budgets.POLICY, **policy_kwargs}
         self.policy = policy if policy is not None else Policy(**policy_kwargs)
         self.store = packing.store_of(store)
         self.stats = accounting.Accounting(self.store)

@@ -1,0 +1,93 @@
+"""Gradient fidelity for the bytes: on transformers models built from a config, the cosine of
+the whole gradient and of the worst parameter to the exact (plain fp32) gradient, for the
+uniform presets and for a budget set at the bytes the uniform 2-bit preset holds. The budget
+runs a few steps on the same batch (the first profiles, later ones plan) and reports the last.
+
+    python bench/budget_fidelity.py [--models resnet gpt2] [--steps 3]
+                                    [--gpt2 batch=4,seq=256] [--resnet batch=32,size=128]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import clients  # noqa: E402
+
+import actcodec.torch as act  # noqa: E402
+
+
+def gradients(model, loss_fn, ctx=None) -> dict:
+    model.zero_grad(set_to_none=True)
+    if ctx is None:
+        loss = loss_fn(model)
+    else:
+        with ctx:
+            loss = loss_fn(model)
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def cosines(got: dict, exact: dict) -> tuple:
+    """(whole-vector cosine, worst parameter's cosine, its name)."""
+    def cos(a, b):
+        return float(torch.nn.functional.cosine_similarity(a.reshape(-1).double(),
+                                                           b.reshape(-1).double(), dim=0))
+    whole = cos(torch.cat([g.reshape(-1) for g in got.values()]),
+                torch.cat([exact[k].reshape(-1) for k in got]))
+    per = {k: cos(got[k], exact[k]) for k in got if exact[k].abs().sum() > 0}
+    worst = min(per, key=per.get)
+    return whole, per[worst], worst
+
+
+def run(name: str, steps: int, sizes: dict) -> list:
+    torch.manual_seed(0)
+    model, loss_fn = clients.build(name, **sizes)
+    model.train()
+    exact = gradients(model, loss_fn)
+    rows = []
+    for preset in ("8bit", "4bit", "2bit"):
+        ctx = act.compress_saved(act.Policy.preset(preset), model=model)
+        got = gradients(model, loss_fn, ctx)
+        rows.append((preset, ctx.stats.peak_stored_bytes, *cosines(got, exact), ""))
+    two_bit = rows[-1][1]
+    for label, budget in (("budget = 2bit's bytes", two_bit), ("budget = 2x that", 2 * two_bit)):
+        ctx = act.compress_saved(model=model, budget=budget)
+        for _ in range(steps):
+            got = gradients(model, loss_fn, ctx)
+        st = ctx.stats
+        rows.append((label, st.peak_stored_bytes, *cosines(got, exact),
+                     f"re-encoded {st.reencoded}, paged out {st.spilled}"))
+    return rows
+
+
+def markdown(name: str, rows: list) -> str:
+    lines = [f"{name}: gradient cosine to the exact one",
+             "| run | held MiB | whole | worst parameter | which | last step |",
+             "|---|---|---|---|---|---|"]
+    for label, held, whole, worst, which, note in rows:
+        lines.append(f"| {label} | {held / 2**20:.2f} | {whole:.4f} | {worst:.4f} | {which} | "
+                     f"{note} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(clients.MODELS))
+    p.add_argument("--steps", type=int, default=3)
+    for name in clients.MODELS:
+        p.add_argument(f"--{name}", default="")
+    args = p.parse_args(argv)
+    torch.set_num_threads(2)
+    for name in args.models:
+        spec = getattr(args, name)
+        sizes = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
+        print(markdown(name, run(name, args.steps, sizes)) + "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
