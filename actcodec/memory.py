@@ -152,11 +152,15 @@ class CountSaved:
     def _pack(self, t):
         import torch
 
-        if not ((t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)):
-            s = t.untyped_storage()
-            if s.nbytes():
-                self.storages[(t.device.type, s.data_ptr())] = s.nbytes()
-        return t
+        if (t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter):
+            return t
+        s = t.untyped_storage()
+        if s.nbytes():
+            self.storages[(t.device.type, s.data_ptr())] = s.nbytes()
+        # Not t itself: an op's output that its own node keeps would form a reference cycle
+        # through autograd's C++ objects, which Python's gc cannot break, and the graph of a
+        # forward that never runs backward would never be freed.
+        return t.detach()
 
     @property
     def nbytes(self) -> int:
@@ -309,7 +313,17 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int) -> di
     if name == "checkpoint":
         enable_checkpointing(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    policy = None if name in ("fp32", "checkpoint") else act.Policy.preset(name)
+    if name.startswith("budget/"):  # 1/N of what plain fp32 saves, in one context all along
+        with CountSaved() as counted:
+            loss = loss_fn(model)
+        del loss
+        budget = counted.nbytes // int(name[len("budget/"):])
+        ctx = act.compress_saved(model=model, budget=budget)
+        policy, contexts = ctx.policy, lambda: ctx
+    else:
+        budget = None
+        policy = None if name in ("fp32", "checkpoint") else act.Policy.preset(name)
+        contexts = lambda: act.compress_saved(policy, model=model)  # noqa: E731
     sampler = Sampler()
     sampler.start()
     times, held = [], []
@@ -321,7 +335,7 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int) -> di
                 floor, warm_up = _measure_from_here(sampler)
             loss = loss_fn(model)
         else:
-            with act.compress_saved(policy, model=model) as ctx:
+            with contexts() as ctx:
                 if step == 1:  # after the store's step boundary gave back the warm-up's pages
                     floor, warm_up = _measure_from_here(sampler)
                 loss = loss_fn(model)
@@ -336,7 +350,8 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int) -> di
     sampler.join()
     out = {"config": config, "peak_rss": peak_rss(), "floor_rss": floor,
            "warm_up_peak_rss": warm_up,
-           "peak_live": sampler.peak_live, "step_ms": statistics.median(times) * 1e3}
+           "peak_live": sampler.peak_live, "step_ms": statistics.median(times) * 1e3,
+           "budget": budget}
     if policy is None:
         with CountSaved() as counted:
             loss = loss_fn(model)
@@ -380,12 +395,31 @@ def format_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def budget_lines(results: list[dict]) -> list[str]:
+    """For each budget run: its peak RSS above the plain run's floor (same allocator), the
+    budget, and the rest (what the ops need besides what is held for backward)."""
+    plain = {r["config"].partition("+")[2]: r for r in results
+             if r["config"].partition("+")[0] == "fp32"}
+    out = []
+    for r in results:
+        base = plain.get(r["config"].partition("+")[2])
+        if r.get("budget") is None or base is None or base.get("floor_rss") is None:
+            continue
+        above = r["peak_rss"] - base["floor_rss"]
+        out.append(f"{r['config']}: budget {r['budget'] / MiB:.0f} MiB, held at most "
+                   f"{r['saved_bytes'] / MiB:.0f}; peak RSS above the plain floor "
+                   f"{above / MiB:.0f} MiB = the budget + {(above - r['budget']) / MiB:.0f} "
+                   f"(the ops' tensors in flight)")
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="cnn", help=f"{', '.join(BUILTIN)}, or module:function "
                    "returning (model, loss_fn) (default cnn)")
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
-                   help=f"comma-separated (default {DEFAULT_CONFIGS}); '+store': actcodec's "
-                        "torch allocator installed")
+                   help=f"comma-separated (default {DEFAULT_CONFIGS}): fp32, checkpoint, a "
+                        "Policy preset, or budget/N (a budget of 1/N of what fp32 saves); "
+                        "'+store': actcodec's torch allocator installed")
     p.add_argument("--steps", type=int, default=3, help="measured steps after one warm-up")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sizes", default="", help="the model's sizes, e.g. batch=8,seq=512")
@@ -404,10 +438,13 @@ def main(args) -> int:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     from .torch import Policy
 
-    for c in configs:
+    for c in configs:  # a clear error for an unknown name, before any worker runs
         name = c.partition("+")[0]
-        if name not in ("fp32", "checkpoint"):
-            Policy.preset(name)  # a clear error for an unknown name, before any worker runs
+        if name.startswith("budget/"):
+            if not name[len("budget/"):].isdigit() or int(name[len("budget/"):]) < 1:
+                raise SystemExit(f"--configs: {c!r}: budget/N takes a whole N >= 1")
+        elif name not in ("fp32", "checkpoint"):
+            Policy.preset(name)
     print(f"actcodec memory: {args.model} {args.sizes or '(default sizes)'}, {args.steps} steps "
           f"after a warm-up, {args.threads} threads, each configuration in a fresh process",
           flush=True)
@@ -419,6 +456,8 @@ def main(args) -> int:
               f"{r['peak_rss'] / MiB:6.0f} MiB, peak live {r['peak_live'] / MiB:6.0f} MiB, "
               f"{r['step_ms']:6.0f} ms/step", flush=True)
     print("\n" + format_table(results))
+    for line in budget_lines(results):
+        print(line)
     print("\nsaved: exact bytes held for backward (compressed: the step's peak; plain: the unique "
           "saved storages). live: RSS less the allocators' free memory. measured / computed: "
           "(peak RSS of fp32 - this) / (saved of fp32 - this), against fp32 with the same "

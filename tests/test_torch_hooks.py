@@ -1,5 +1,7 @@
 """The saved-tensor-hooks context: lossless compression changes no gradient bit; accounting is
 exact; repeated saves are shared; masks take 1 bit; retain_graph works."""
+import gc
+
 import numpy as np
 import pytest
 
@@ -416,3 +418,32 @@ def test_functions_account_what_they_hold():
     assert acc.stored_bytes == acc.peak_stored_bytes > 0
     loss.backward()
     assert acc.stored_bytes == 0
+
+
+def test_a_forward_without_backward_frees_what_it_kept():
+    # exp saves its own (small, so kept) output: kept as the tensor itself, that would be a
+    # reference cycle through autograd's nodes that gc cannot break.
+    import weakref
+
+    x = torch.randn(64, 16, requires_grad=True)
+    with compress_saved(Policy(bits=8)):
+        z = torch.relu(x @ torch.randn(16, 16)).exp()
+    ref = weakref.ref(z)
+    del z
+    gc.collect()
+    assert ref() is None
+
+
+def test_counting_saves_frees_the_graph():
+    import weakref
+
+    from actcodec.memory import CountSaved
+
+    x = torch.randn(64, 16, requires_grad=True)
+    with CountSaved() as counted:
+        z = torch.relu(x @ torch.randn(16, 16)).exp()
+    assert counted.nbytes == 2 * 64 * 16 * 4 + 16 * 16 * 4  # relu and exp outputs, the matrix
+    ref = weakref.ref(z)
+    del z
+    gc.collect()
+    assert ref() is None

@@ -217,7 +217,9 @@ class compress_saved:
         hit = self._kept.get(key)
         if hit is not None and hit() is not None and packed is None:
             return hit()  # the same storage kept already: held once
-        packed = packed if packed is not None else packing.keep(t)
+        # Detached: an op's output kept by its own node would otherwise form a reference cycle
+        # through autograd's C++ objects, and a graph that never runs backward would leak.
+        packed = packed if packed is not None else packing.keep(t.detach())
         self._kept[key] = weakref.ref(packed)
         nbytes = t.untyped_storage().nbytes()
         if self._budget is not None:
