@@ -3,9 +3,12 @@ the saved activations, each in a fresh process, and compare accuracy, exact save
 memory and step time.
 
 Configurations: ``fp32`` (plain PyTorch), the `Policy.preset` names (``lossless``, ``8bit``,
-``4bit``, ``2bit``, ``auto``, through `actcodec.torch.compress_saved`) and ``checkpoint``
+``4bit``, ``2bit``, ``auto``, through `actcodec.torch.compress_saved`), ``checkpoint``
 (non-reentrant `torch.utils.checkpoint` on every block, the memory alternative a user would pick
-instead). The parent process starts one worker per configuration (``python -m actcodec demo
+instead), and memory budgets: ``budget/N`` trains within 1/N of the bytes plain fp32 saves per
+step (`compress_saved(budget=...)`, one context for the whole run), ``budget/N-halved`` halves
+that budget half-way through training and trains on. The parent process starts one worker
+per configuration (``python -m actcodec demo
 --worker NAME``), reads its JSON result and writes the table (printed and ``demo.md``), a plot
 (``demo.png``) and the raw results (``demo.json``) into ``--out``.
 
@@ -45,12 +48,17 @@ import sys
 import tempfile
 import time
 
+from . import demo_text
+
 SPECIAL = ("fp32", "checkpoint")
 DEFAULT_CONFIGS = "fp32,lossless,8bit,4bit,2bit,auto,checkpoint"
 MiB = 2**20
 # Defaults and --quick; explicit options override either.
 FULL = {"width": 16, "batch_size": 128, "epochs": 12, "size": 32}
 QUICK = {"width": 8, "batch_size": 64, "epochs": 4, "size": 16}
+# --task text (actcodec.demo_text): width is the model's, size its context in bytes.
+TEXT_FULL = {"width": 128, "batch_size": 32, "epochs": 2, "size": 128}
+TEXT_QUICK = {"width": 32, "batch_size": 16, "epochs": 1, "size": 32}
 SEED = 0  # the train/test split; training seeds are 0..--seeds-1
 TEST_FRACTION = 0.5  # 899 test images: one image is 0.11 points
 
@@ -59,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma-separated configurations (default: {DEFAULT_CONFIGS}); any "
                         "Policy.preset name works besides fp32 and checkpoint")
+    p.add_argument("--task", choices=("digits", "text"), default="digits",
+                   help="digits: a CNN on scikit-learn's digits (default); text: a byte-level "
+                        "language model on the standard library's pydoc_data topics")
     p.add_argument("--width", type=int, help=f"channels of the first block (default {FULL['width']})")
     p.add_argument("--batch-size", type=int, help=f"default {FULL['batch_size']}")
     p.add_argument("--epochs", type=int, help=f"default {FULL['epochs']}")
@@ -97,8 +108,11 @@ def _require() -> None:
 
 
 def _settings(args) -> dict:
-    base = QUICK if args.quick else FULL
+    task = getattr(args, "task", "digits")
+    base = {("digits", False): FULL, ("digits", True): QUICK, ("text", False): TEXT_FULL,
+            ("text", True): TEXT_QUICK}[task, bool(args.quick)]
     s = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()}
+    s["task"] = task
     s["threads"] = args.threads or os.cpu_count() or 1
     s["allocator"] = getattr(args, "allocator", "process")
     s["seeds"] = getattr(args, "seeds", 1)
@@ -115,7 +129,11 @@ def _configs(text: str) -> list[str]:
     if not names:
         raise SystemExit("--configs is empty")
     for name in names:
-        if name not in SPECIAL:
+        if name.startswith("budget/"):
+            if _budget_fraction(name) is None:
+                raise SystemExit(f"--configs: {name!r}: budget/N or budget/N-halved, N a whole "
+                                 f"number >= 1")
+        elif name not in SPECIAL:
             try:
                 Policy.preset(name)
             except ValueError as e:
@@ -123,6 +141,12 @@ def _configs(text: str) -> list[str]:
     if len(set(names)) != len(names):
         raise SystemExit("--configs: a configuration is listed twice")
     return names
+
+
+def _budget_fraction(name: str) -> int | None:
+    """N of a "budget/N" or "budget/N-halved" configuration; None if the name is not one."""
+    n = name[len("budget/"):].removesuffix("-halved") if name.startswith("budget/") else ""
+    return int(n) if n.isdigit() and int(n) >= 1 else None
 
 
 def main(args) -> int:
@@ -231,11 +255,20 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     actcodec.set_num_threads(s["threads"])
     if s["allocator"] == "store":
         allocator.install()
-    policy = None if name in SPECIAL else Policy.preset(name)
+    budgeted = name.startswith("budget/")
+    policy = None if name in SPECIAL or budgeted else Policy.preset(name)
     recomputes = name == "checkpoint"
 
-    x_train, y_train, x_test, y_test = _data(data, s["size"])
-    model = _model(s["width"], use_checkpoint=(name == "checkpoint"), seed=seed)
+    text = s["task"] == "text"
+    if text:
+        x_train, y_train, x_test, y_test = demo_text.data(data)
+        model = demo_text.model(s["width"], s["size"], name == "checkpoint", seed)
+    else:
+        x_train, y_train, x_test, y_test = _data(data, s["size"])
+        model = _model(s["width"], use_checkpoint=(name == "checkpoint"), seed=seed)
+
+    def loss_of(logits, y):  # per image, or per byte of every window
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     batch = min(s["batch_size"], len(y_train))
     steps_per_epoch = len(y_train) // batch  # drop the last partial batch: equal steps
     total_steps = steps_per_epoch * s["epochs"]
@@ -251,10 +284,18 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     # Warm up the libraries' lazy state (thread pools, kernels) on a throwaway copy, so the
     # floor is what the process holds before training; the real model is not touched.
     warm = copy.deepcopy(model)
-    with context(None if policy is None else Policy.preset(name)):
-        loss = F.cross_entropy(warm(x_train[:2]), y_train[:2])
+    with context(Policy() if budgeted else policy and Policy.preset(name)):
+        loss = loss_of(warm(x_train[:2]), y_train[:2])
     loss.backward()
-    del warm, loss
+    del loss
+    budget = None
+    if budgeted:  # 1/N of what plain fp32 saves for a training batch, counted on the copy
+        with CountSaved() as counted:  # as the counting pass below: a batch of its own
+            out = warm(x_train[:batch].clone())
+        del out
+        budget = counted.nbytes // _budget_fraction(name)
+        budgeted_ctx = compress_saved(model=model, budget=budget)
+    del warm
     gc.collect()
 
     floor = rss()
@@ -262,7 +303,7 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     reset = reset_peak()
 
     step_seconds, compressed, original, codecs = [], [], [], {}
-    losses = []
+    losses, held, budgets, reencoded, paged_out = [], [], [], 0, 0
     model.train()
     bar = tqdm(total=total_steps, desc=f"{name:>10}", leave=False, disable=None, unit="step",
                dynamic_ncols=True)
@@ -272,9 +313,12 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
             idx = order[i * batch:(i + 1) * batch]
             xb, yb = x_train[idx], y_train[idx]
             t0 = time.perf_counter()
-            ctx = context(policy)  # each entry is a new step of the policy
+            if budgeted and name.endswith("-halved") and len(losses) == total_steps // 2:
+                budgeted_ctx.budget = budget // 2  # and training carries on
+            # each entry is a new step of the policy
+            ctx = budgeted_ctx if budgeted else context(policy)
             with ctx:
-                loss = F.cross_entropy(model(xb), yb)
+                loss = loss_of(model(xb), yb)
             opt.zero_grad(set_to_none=True)
             if recomputes:
                 # The recomputation in backward runs BatchNorm in training mode a second time:
@@ -288,7 +332,12 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
             opt.step()
             sched.step()
             step_seconds.append(time.perf_counter() - t0)
-            if policy is not None:
+            if budgeted:
+                held.append(ctx.stats.peak_stored_bytes)
+                budgets.append(ctx.budget)
+                reencoded += ctx.stats.reencoded
+                paged_out += ctx.stats.spilled
+            elif policy is not None:
                 compressed.append(ctx.stats.compressed_bytes)
                 original.append(ctx.stats.original_bytes)
                 for k, v in ctx.stats.codecs.items():
@@ -303,11 +352,13 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     peak_process = max(peak, lifetime_before)
 
     model.eval()
-    correct = 0
+    correct, test_loss = 0, 0.0
     with torch.no_grad():
         for i in range(0, len(y_test), 256):
-            correct += int((model(x_test[i:i + 256]).argmax(1) == y_test[i:i + 256]).sum())
-    accuracy = correct / len(y_test)
+            logits, y = model(x_test[i:i + 256]), y_test[i:i + 256]
+            correct += int((logits.argmax(-1) == y).sum())
+            test_loss += float(loss_of(logits, y)) * y.numel()
+    accuracy, test_loss = correct / y_test.numel(), test_loss / y_test.numel()
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.detach().numpy().tobytes())
@@ -317,7 +368,10 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     with CountSaved() as counted:
         out = model(x_train[:batch].clone())  # a batch of its own, as in training
     del out
-    if policy is None:
+    if budgeted:  # what the step held at its peak, kept tensors included
+        saved, saved_min, saved_max = statistics.mean(held), min(held), max(held)
+        kept = 0
+    elif policy is None:
         saved = saved_min = saved_max = counted.nbytes
         kept = 0
     else:
@@ -326,7 +380,8 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
         saved_min, saved_max = min(compressed) + kept, max(compressed) + kept
 
     return {
-        "config": name, "seed": seed, "settings": s, "test_accuracy": accuracy, "test_images": len(y_test),
+        "config": name, "seed": seed, "settings": s, "test_accuracy": accuracy,
+        "test_loss": test_loss, "test_images": len(y_test),
         "train_images": len(y_train), "steps": total_steps, "final_loss": losses[-1],
         "saved_bytes": saved, "saved_bytes_min": saved_min, "saved_bytes_max": saved_max,
         "counted_bytes": counted.nbytes, "kept_bytes": kept,
@@ -338,6 +393,9 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
         "weights_sha256": digest.hexdigest(), "torch": torch.__version__,
         "allocator": s["allocator"],
         "actcodec": actcodec.__version__,
+        "budget_bytes": budgets or None, "held_bytes": held or None,
+        "within_budget": all(h <= b for h, b in zip(held, budgets)) if budgeted else None,
+        "reencoded": reencoded, "paged_out": paged_out,
     }
 
 
@@ -345,14 +403,14 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
 # The parent: one fresh process per configuration, then the table and the plot
 
 def _run_worker(name: str, s: dict, tmp: str, seed: int = 0) -> dict:
-    path = os.path.join(tmp, f"{name}-{seed}.json")
+    path = os.path.join(tmp, f"{name.replace('/', '_')}-{seed}.json")
     cmd = [sys.executable, "-m", "actcodec", "demo", "--worker", name, "--result", path,
            "--seed", str(seed),
            "--data", os.path.join(tmp, "digits.npz"),
            "--width", str(s["width"]), "--batch-size", str(s["batch_size"]),
            "--epochs", str(s["epochs"]), "--size", str(s["size"]),
            "--threads", str(s["threads"])]
-    cmd += ["--allocator", s["allocator"]]
+    cmd += ["--allocator", s["allocator"], "--task", s["task"]]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd)
     if proc.returncode != 0:
@@ -369,7 +427,8 @@ def aggregate(runs: list[dict]) -> dict:
     import statistics
 
     out = dict(runs[0])
-    for key in ("test_accuracy", "saved_bytes", "peak_rss", "peak_above_floor", "floor_rss"):
+    for key in ("test_accuracy", "test_loss", "saved_bytes", "peak_rss", "peak_above_floor",
+                "floor_rss"):
         out[key] = statistics.mean(r[key] for r in runs)
     out["step_ms"] = statistics.median(r["step_ms"] for r in runs)
     out["saved_bytes_min"] = min(r["saved_bytes_min"] for r in runs)
@@ -394,8 +453,8 @@ def format_table(results: list[dict]) -> str:
     base = next((r for r in results if r["config"] == "fp32"), None)
     seeds = max(len(r.get("accuracies", [0])) for r in results)
     head = ["config", "test acc" if seeds == 1 else f"test acc (mean of {seeds})", "vs fp32",
-            "saved MiB/step", "saved vs fp32", "peak RSS MiB", "peak above floor MiB", "step ms",
-            "measured/computed"]
+            "test loss", "saved MiB/step", "saved vs fp32", "peak RSS MiB",
+            "peak above floor MiB", "step ms", "measured/computed"]
     if seeds > 1:
         head.insert(2, "acc min-max")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -404,7 +463,8 @@ def format_table(results: list[dict]) -> str:
         gap = "-" if base is None or r is base else \
             f"{(r['test_accuracy'] - base['test_accuracy']) * 100:+.2f} pts"
         rel = "-" if base is None or r is base else f"{r['saved_bytes'] / base['saved_bytes']:.2f}x"
-        cells = [r["config"], f"{r['test_accuracy'] * 100:.2f}%", gap,
+        loss = f"{r['test_loss']:.4f}" if "test_loss" in r else "-"
+        cells = [r["config"], f"{r['test_accuracy'] * 100:.2f}%", gap, loss,
                  f"{r['saved_bytes'] / MiB:.1f}", rel, f"{r['peak_rss'] / MiB:.0f}",
                  f"{r['peak_above_floor'] / MiB:.0f}", f"{r['step_ms']:.0f}",
                  "n/a" if ratio is None else f"{ratio:.2f}"]
@@ -420,9 +480,18 @@ def _notes(results: list[dict], s: dict, total: float) -> str:
     base = next((r for r in results if r["config"] == "fp32"), None)
     same = [r["config"] for r in results
             if base is not None and r is not base and r["weights_sha256"] == base["weights_sha256"]]
+    if s.get("task") == "text":
+        task = (f"Text: the standard library's pydoc_data topics, {r0['train_images']} train / "
+                f"{r0['test_images']} test windows of {s['size']} bytes (every "
+                f"{demo_text.HELD_OUT_EVERY}th topic held out); byte-level language model of "
+                f"width {s['width']}; test acc: next-byte accuracy, test loss: nats per byte; "
+                f"batch {s['batch_size']}, ")
+    else:
+        task = (f"Digits (scikit-learn), {r0['train_images']} train / {r0['test_images']} test "
+                f"images upsampled to {s['size']}x{s['size']}; CNN width {s['width']}, batch "
+                f"{s['batch_size']}, ")
     lines = [
-        f"Digits (scikit-learn), {r0['train_images']} train / {r0['test_images']} test images "
-        f"upsampled to {s['size']}x{s['size']}; CNN width {s['width']}, batch {s['batch_size']}, "
+        task +
         f"{s['epochs']} epochs ({r0['steps']} steps), {s['threads']} threads, split seed {SEED}, "
         f"training seed{'s 0-' + str(s['seeds'] - 1) if s['seeds'] > 1 else ' 0'}; "
         f"every configuration in its own fresh process. torch {r0['torch']}, actcodec "
@@ -436,6 +505,16 @@ def _notes(results: list[dict], s: dict, total: float) -> str:
     else:
         lines.append("Allocator: the process's own (glibc at its defaults unless you preload "
                      "another); nothing set in the environment.")
+    budgeted = [r for r in results if r.get("budget_bytes")]
+    if budgeted:
+        lines.append("Budgets: " + "; ".join(
+            f"{r['config']}: {max(r['budget_bytes']) / MiB:.2f} MiB"
+            + (f" then {min(r['budget_bytes']) / MiB:.2f}" if r["config"].endswith("-halved")
+               else "")
+            + f", held at most {max(r['held_bytes']) / MiB:.2f}, "
+            + ("within it at every step" if r["within_budget"] else "NOT within it")
+            + f" ({r['reencoded']} re-encoded, {r['paged_out']} paged out in all)"
+            for r in budgeted) + ".")
     if not all(r["peak_reset"] for r in results):
         lines.append("The kernel's peak-RSS reset (/proc/self/clear_refs) was not available: "
                      "'above floor' is the lifetime peak minus the floor.")
@@ -489,7 +568,10 @@ def _parent(args) -> int:
           f"{s['size']}x{s['size']}, {s['threads']} threads)", flush=True)
     runs: dict = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="actcodec-demo-") as tmp:
-        _split_digits(os.path.join(tmp, "digits.npz"))
+        if s["task"] == "text":
+            demo_text.split(os.path.join(tmp, "digits.npz"), s["size"])
+        else:
+            _split_digits(os.path.join(tmp, "digits.npz"))
         for seed in range(s["seeds"]):  # seeds outside: the machine's drift hits every config
             for name in names:
                 r = _run_worker(name, s, tmp, seed)

@@ -292,14 +292,15 @@ def enable_checkpointing(model) -> None:
 # ---- one configuration, in a fresh process ----
 
 def _measure_from_here(sampler) -> tuple:
-    """Starts the measured steps: (RSS now, the warm-up's peak RSS)."""
+    """Starts the measured steps: (RSS now, live bytes now, the warm-up's peak RSS)."""
     warm_up = peak_rss()
     reset_peak()
     sampler.on = True
-    return rss(), warm_up
+    return rss(), live(), warm_up
 
 
-def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int) -> dict:
+def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
+            warm_up: int = 1) -> dict:
     import torch
 
     import actcodec.torch as act
@@ -327,29 +328,29 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int) -> di
     sampler = Sampler()
     sampler.start()
     times, held = [], []
-    floor = warm_up = None
-    for step in range(steps + 1):  # step 0 warms up: lazy state, first allocations
+    floor = floor_live = warm_up_peak = None
+    for step in range(warm_up + steps):  # warm-up: lazy state, first allocations, a plan
         t0 = time.perf_counter()
         if policy is None:
-            if step == 1:
-                floor, warm_up = _measure_from_here(sampler)
+            if step == warm_up:
+                floor, floor_live, warm_up_peak = _measure_from_here(sampler)
             loss = loss_fn(model)
         else:
             with contexts() as ctx:
-                if step == 1:  # after the store's step boundary gave back the warm-up's pages
-                    floor, warm_up = _measure_from_here(sampler)
+                if step == warm_up:  # after the store's step boundary gave back pages
+                    floor, floor_live, warm_up_peak = _measure_from_here(sampler)
                 loss = loss_fn(model)
             held.append(ctx.stats.peak_stored_bytes)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         del loss
-        if step:
+        if step >= warm_up:
             times.append(time.perf_counter() - t0)
     sampler.stop.set()
     sampler.join()
-    out = {"config": config, "peak_rss": peak_rss(), "floor_rss": floor,
-           "warm_up_peak_rss": warm_up,
+    out = {"config": config, "peak_rss": peak_rss(), "floor_rss": floor, "floor_live": floor_live,
+           "warm_up_peak_rss": warm_up_peak, "warm_up_steps": warm_up,
            "peak_live": sampler.peak_live, "step_ms": statistics.median(times) * 1e3,
            "budget": budget}
     if policy is None:
@@ -366,7 +367,8 @@ def _run_worker(args, config: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="actcodec-memory-") as tmp:
         path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "actcodec", "memory", "--model", args.model,
-               "--steps", str(args.steps), "--threads", str(args.threads),
+               "--steps", str(args.steps), "--warm-up", str(args.warm_up),
+               "--threads", str(args.threads),
                "--sizes", args.sizes, "--worker", config, "--result", path]
         proc = subprocess.run(cmd)
         if proc.returncode != 0:
@@ -396,16 +398,17 @@ def format_table(results: list[dict]) -> str:
 
 
 def budget_lines(results: list[dict]) -> list[str]:
-    """For each budget run: its peak RSS above the plain run's floor (same allocator), the
-    budget, and the rest (what the ops need besides what is held for backward)."""
+    """For each budget run: its peak RSS above the plain run's floor (its live bytes before a
+    measured step, same allocator: parameters, gradients, libraries), the budget, and the
+    rest (what the ops need besides what is held for backward)."""
     plain = {r["config"].partition("+")[2]: r for r in results
              if r["config"].partition("+")[0] == "fp32"}
     out = []
     for r in results:
         base = plain.get(r["config"].partition("+")[2])
-        if r.get("budget") is None or base is None or base.get("floor_rss") is None:
+        if r.get("budget") is None or base is None or base.get("floor_live") is None:
             continue
-        above = r["peak_rss"] - base["floor_rss"]
+        above = r["peak_rss"] - base["floor_live"]
         out.append(f"{r['config']}: budget {r['budget'] / MiB:.0f} MiB, held at most "
                    f"{r['saved_bytes'] / MiB:.0f}; peak RSS above the plain floor "
                    f"{above / MiB:.0f} MiB = the budget + {(above - r['budget']) / MiB:.0f} "
@@ -420,7 +423,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated (default {DEFAULT_CONFIGS}): fp32, checkpoint, a "
                         "Policy preset, or budget/N (a budget of 1/N of what fp32 saves); "
                         "'+store': actcodec's torch allocator installed")
-    p.add_argument("--steps", type=int, default=3, help="measured steps after one warm-up")
+    p.add_argument("--steps", type=int, default=3, help="measured steps after the warm-up")
+    p.add_argument("--warm-up", type=int, default=1,
+                   help="steps before the measured ones (a budget plans from its first step, "
+                        "the store from the step before)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sizes", default="", help="the model's sizes, e.g. batch=8,seq=512")
     p.add_argument("--json", help="write the results here")
@@ -431,7 +437,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.sizes.split(",") if kv)}
     if args.worker:
-        result = _worker(args.model, args.worker, args.steps, sizes, args.threads)
+        result = _worker(args.model, args.worker, args.steps, sizes, args.threads, args.warm_up)
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
@@ -445,8 +451,11 @@ def main(args) -> int:
                 raise SystemExit(f"--configs: {c!r}: budget/N takes a whole N >= 1")
         elif name not in ("fp32", "checkpoint"):
             Policy.preset(name)
+    if args.warm_up < 1:
+        raise SystemExit("--warm-up: at least 1 step")
     print(f"actcodec memory: {args.model} {args.sizes or '(default sizes)'}, {args.steps} steps "
-          f"after a warm-up, {args.threads} threads, each configuration in a fresh process",
+          f"after {args.warm_up} warm-up step{'s' * (args.warm_up > 1)}, {args.threads} threads, "
+          f"each configuration in a fresh process",
           flush=True)
     results = []
     for c in configs:

@@ -10,7 +10,7 @@ pytest.importorskip("torch")  # the torch extra; CI installs it (and the demo's 
 from actcodec import demo  # noqa: E402
 from actcodec.__main__ import main  # noqa: E402
 
-CONFIGS = ["fp32", "8bit", "checkpoint"]
+CONFIGS = ["fp32", "8bit", "checkpoint", "budget/8-halved"]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,18 @@ def test_numbers_are_sane(run):
     # same seeds and batches; checkpoint recomputes exactly (BatchNorm statistics restored)
     assert r["checkpoint"]["weights_sha256"] == r["fp32"]["weights_sha256"]
     assert r["checkpoint"]["test_accuracy"] == r["fp32"]["test_accuracy"]
+
+
+def test_a_budget_halved_while_training_runs(run):
+    _, data = run
+    r = {x["config"]: x for x in data["results"]}["budget/8-halved"]
+    budgets, held = r["budget_bytes"], r["held_bytes"]
+    assert len(budgets) == len(held) == r["steps"]
+    assert max(budgets) == r["counted_bytes"] // 8 and min(budgets) == max(budgets) // 2
+    assert budgets.index(min(budgets)) == r["steps"] // 2  # half-way through
+    assert r["within_budget"] and all(h <= b for h, b in zip(held, budgets))
+    assert r["test_accuracy"] > 0.5  # and it still learns
+    assert "budget/8-halved:" in (run[0] / "demo.md").read_text()
 
 
 def test_table_ratio_column():

@@ -75,7 +75,7 @@ class compress_saved:
         self._stack: list = []
         # (storage, offset, shape, stride, version, device) -> (tensor ref, packed ref)
         self._seen: dict = {}
-        self._kept: dict = {}  # (storage, version, device) -> packed ref, for kept tensors
+        self._kept: dict = {}  # (storage, offset, shape, strides, version, device) -> packed ref
         self._handles: list = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._record = None  # accounting.record(self.stats), while inside
@@ -87,6 +87,7 @@ class compress_saved:
         self._plan: dict = {}
         self._ordinals: dict = {}
         self._kept_bytes = 0  # held at sizes no bits change (kept, masks, integers) this step
+        self._planned_for = None  # (budget, site keys) the plan was made for
 
     @property
     def budget(self) -> int | None:
@@ -125,14 +126,20 @@ class compress_saved:
         return self._hooks.__exit__(*exc)
 
     def _new_budget_step(self) -> None:
-        """Plans this step's bits from what the last steps learned; the step's counters start
-        afresh."""
+        """Plans this step's bits from what the last steps learned, unless the last plan still
+        holds (same budget and sites, and the last step kept to it without making room): bits
+        that stay put keep payload sizes, and so the store's plan, from step to step. The
+        step's counters start afresh."""
         st = self.stats
+        replan = (st.reencoded or st.spilled or st.over_budget
+                  or self._planned_for != (self._budget, self._sites.keys() - set()))
         st.budget, st.reencoded, st.spilled, st.spilled_bytes, st.over_budget = \
             self._budget, 0, 0, 0, 0
         st.peak_stored_bytes = st.stored_bytes
-        room = int(self._budget * (1 - budgets.MARGIN)) - st.stored_bytes - self._kept_bytes
-        self._plan = budgets.plan(self._sites, max(room, 0)) if self._sites else {}
+        if replan:
+            room = int(self._budget * (1 - budgets.MARGIN)) - st.stored_bytes - self._kept_bytes
+            self._plan = budgets.plan(self._sites, max(room, 0)) if self._sites else {}
+            self._planned_for = (self._budget, self._sites.keys() - set())
         self._ordinals, self._kept_bytes = {}, 0
 
     def _site(self, op: str, layer, t: torch.Tensor) -> tuple:
@@ -166,9 +173,11 @@ class compress_saved:
         return "other", layer
 
     def _pack(self, t: torch.Tensor):
-        if (t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter):
-            self.stats.kept += 1  # a parameter: held by the model, not for backward
-            return packing.keep(t)
+        if _is_parameter(t) or (t._base is not None and _is_parameter(t._base)):
+            # a parameter, or a view of one (linear's transposed weight): held by the model,
+            # not for backward
+            self.stats.kept += 1
+            return packing.keep(t if t.is_leaf else t.detach())
         nbytes = t.numel() * t.element_size()
         if nbytes < self.policy.min_bytes:  # what policy.setting would say, without the lookups
             return self._keep(t)
@@ -210,10 +219,11 @@ class compress_saved:
         """The tensor as it is, with its version at save time: autograd checks the versions
         of what it saves itself, not of what a pack hook returns; without this, an in-place
         change between forward and backward that plain PyTorch refuses would give wrong
-        gradients silently. Its bytes count as held (a tensor several saves share, by its
-        storage, once per save: a bound from above)."""
+        gradients silently. Its bytes count as held: the stretch of its storage it reaches (a
+        view of a larger storage, such as a batch sliced from a dataset, holds no more)."""
         self.stats.kept += 1
-        key = (t.untyped_storage().data_ptr(), t._version, t.device)
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+               tuple(t.stride()), t._version, t.device)
         hit = self._kept.get(key)
         if hit is not None and hit() is not None and packed is None:
             return hit()  # the same storage kept already: held once
@@ -221,7 +231,7 @@ class compress_saved:
         # through autograd's C++ objects, and a graph that never runs backward would leak.
         packed = packed if packed is not None else packing.keep(t.detach())
         self._kept[key] = weakref.ref(packed)
-        nbytes = t.untyped_storage().nbytes()
+        nbytes = min(t.untyped_storage().nbytes(), _span(t) * t.element_size())
         if self._budget is not None:
             self._keeper.reserve(nbytes, self._budget)
             self._kept_bytes += nbytes
@@ -233,6 +243,17 @@ class compress_saved:
         if not isinstance(packed, packing.Packed):
             return packed
         return packed.unpack()
+
+
+def _is_parameter(t: torch.Tensor) -> bool:
+    return (t.is_leaf and t.requires_grad) or isinstance(t, torch.nn.Parameter)
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements of its storage that t reaches, from its first to its last."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
 
 
 def _with_bits(setting: packing.Setting, bits) -> packing.Setting:
