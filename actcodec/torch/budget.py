@@ -5,17 +5,20 @@ step hold more bytes for backward than the budget (`stats.peak_stored_bytes`).
 
 - **Importance.** Each save is a *site* (its op, layer, shape and dtype, and how many such
   saves came before it in the step). The min/max pass the quantizer runs anyway gives each
-  group's step size, so the noise energy each bit width would add is known once the site has
-  been encoded: at k bits it is that of 1 bit over (2^k - 1)^2. It is taken relative to the
-  tensor's energy and weighted by how the op's backward amplifies it (normalisation inputs,
-  softmax outputs, the model's input: AMPLIFY). Lossless costs no error.
-- **Plan.** At each step's start the sites the last steps learned get bits greedily by error
-  removed per byte (DAF 3.4.1): all start at the fewest bits, and the upgrade with the best
-  ratio is taken while the total fits the budget, less what is held at sizes no bits change
-  (kept tensors, masks, integers) and a margin for payloads whose size follows the data. A
-  site the plan does not know (the first step, a new shape) starts at the policy's bits.
+  group's range, so the noise energy each choice (bits and group size, CHOICES) would add is
+  known once the site has been encoded: at k bits it is that of 1 bit over (2^k - 1)^2, and
+  coarser groups' ranges follow from finer ones'. It is taken relative to the tensor's energy
+  and weighted by how the op's backward amplifies it (normalisation inputs, softmax outputs,
+  the model's input: AMPLIFY). Lossless costs no error.
+- **Plan.** At each step's start the sites the last steps learned get their choices greedily
+  by error removed per byte (DAF 3.4.1), each up the lower convex hull of its (bytes, error)
+  choices: all start at the fewest bytes, and the step up with the best ratio is taken while
+  the total fits the budget, less what is held at sizes no choice changes (kept tensors,
+  masks, integers) and a margin for payloads whose size follows the data. The plan is kept
+  while the budget, the sites and the last step's fit stay the same. A site the plan does not
+  know (the first step, a new shape) starts at 8 bits in groups of 64 (POLICY).
 - **Making room.** A save that does not fit is made to: the live saves (itself included)
-  that lose least per byte freed are re-encoded at fewer bits, down to MIN_BITS; when that is
+  that lose least per byte freed are re-encoded a step down, to MIN_BITS at most; when that is
   not enough, the least important per byte are paged out to a temporary file and read back in
   backward (PORT/POET-style paging). Lowering `ctx.budget`, from any thread, makes room at
   once the same way.
@@ -41,11 +44,16 @@ import torch
 from .. import choice
 from . import packing
 
-CHOICES = (2, 4, 8, None)  # bits, fewest first; None: lossless. 1 bit: gradient cosines ~0.3
+# What a save may be stored as: (bits, group size) or None (lossless). Groups of 64 cost a bit
+# per element more than groups of 256. 2 bits come in groups of 64 only: the noise model
+# underrates 2-bit groups of 256 (with them a ResNet-18's gradient cosine at the 2-bit preset's
+# bytes fell from 0.84 to 0.58, bench/budget_fidelity.py); 1 bit leaves cosines near 0.3.
+CHOICES = ((2, 64), (4, 256), (4, 64), (8, 256), (8, 64), None)
+GROUPS = (64, 256)  # each a multiple of the one before: finer stats give the coarser exactly
 MIN_BITS = 2  # what making room re-encodes down to before it pages out
-# A budget without a policy: groups of 64, whose 2-bit gradients are much closer to the exact
-# ones than groups of 256 (see policy.PRESETS["2bit"]); the plan counts their bytes.
-POLICY = {"group_size": 64}
+# A budget without a policy starts unknown saves at 8 bits in groups of 64: the stats of the
+# finest group size give every coarser one's noise exactly.
+POLICY = {"bits": 8, "group_size": GROUPS[0]}
 MARGIN = 0.03  # of the budget the plan leaves for payloads whose size follows the data
 AMPLIFY = {"batch_norm": 64.0, "layer_norm": 64.0, "group_norm": 64.0, "softmax": 64.0,
            "input": 64.0}
@@ -77,77 +85,112 @@ def parse_bytes(budget) -> int | None:
 
 @dataclass
 class Site:
-    """What a step learned about one save: its element count, nonzeros, element size, group
-    size, and its weighted noise at 1 bit relative to its energy (0: no error at any bits)."""
+    """What a step learned about one save: its element count, nonzeros and element size, and
+    per group size its weighted noise at 1 bit relative to its energy (0: no error)."""
 
     n: int
     nnz: int
     esize: int
-    group: int | None
-    noise1: float
+    noise1: dict
 
-    def _sizes(self, bits) -> dict:
-        return choice.sizes_from_counts(self.n, self.nnz, self.esize, bits, self.group)
+    def _sizes(self, c) -> dict:
+        bits, group = c if c is not None else (None, None)
+        return choice.sizes_from_counts(self.n, self.nnz, self.esize, bits, group)
 
-    def nbytes(self, bits) -> int:
-        sizes = self._sizes(bits)
+    def nbytes(self, c) -> int:
+        sizes = self._sizes(c)
         return sizes[choice.smallest(sizes)]
 
-    def error(self, bits) -> float:
-        if bits is None or choice.smallest(self._sizes(bits)) not in choice.LOSSY:
+    def error(self, c) -> float:
+        if c is None or choice.smallest(self._sizes(c)) not in choice.LOSSY:
             return 0.0
-        return self.noise1 / float((1 << bits) - 1) ** 2
+        bits, group = c
+        return self.noise1[group] / float((1 << bits) - 1) ** 2
+
+    def ladder(self) -> list:
+        """The choices worth taking, fewest bytes first: the lower convex hull of (bytes,
+        error), so each step up removes less error per byte than the one before."""
+        points = sorted(((self.nbytes(c), self.error(c), i) for i, c in enumerate(CHOICES)
+                         if c is None or c[1] in self.noise1))
+        hull: list = []
+        for b, e, i in points:
+            if hull and e >= hull[-1][1]:
+                continue  # more bytes for no less error
+            while len(hull) >= 2:
+                (b1, e1, _), (b2, e2, _) = hull[-2], hull[-1]
+                if (e1 - e2) * (b - b2) <= (e2 - e) * (b2 - b1):  # the middle one gains less
+                    hull.pop()
+                else:
+                    break
+            hull.append((b, e, i))
+        return [CHOICES[i] for _, _, i in hull]
 
 
 def plan(sites: dict, budget: int) -> dict:
-    """{site key: bits} within `budget` bytes in all: greedy by error removed per byte."""
-    bits = {key: CHOICES[0] for key in sites}
-    total = sum(site.nbytes(CHOICES[0]) for site in sites.values())
-    heap, order = [], {key: i for i, key in enumerate(sites)}
-
-    def push(key):
-        i = CHOICES.index(bits[key])
-        if i + 1 < len(CHOICES):
-            site, nxt = sites[key], CHOICES[i + 1]
-            cost = site.nbytes(nxt) - site.nbytes(bits[key])
-            gain = site.error(bits[key]) - site.error(nxt)
-            ratio = gain / cost if cost > 0 else math.inf
-            heapq.heappush(heap, (-ratio, order[key], nxt, cost))
-
+    """{site key: choice} within `budget` bytes in all: greedy by error removed per byte."""
     keys = list(sites)
-    for key in keys:
-        push(key)
+    ladders = [sites[k].ladder() for k in keys]
+    at = [0] * len(keys)
+    total = sum(sites[k].nbytes(lad[0]) for k, lad in zip(keys, ladders))
+    heap: list = []
+
+    def push(i):
+        lad, site = ladders[i], sites[keys[i]]
+        if at[i] + 1 < len(lad):
+            now, nxt = lad[at[i]], lad[at[i] + 1]
+            cost = site.nbytes(nxt) - site.nbytes(now)
+            gain = site.error(now) - site.error(nxt)
+            heapq.heappush(heap, (-(gain / cost) if cost > 0 else -math.inf, i, cost))
+
+    for i in range(len(keys)):
+        push(i)
     while heap:
-        _, i, nxt, cost = heapq.heappop(heap)
+        _, i, cost = heapq.heappop(heap)
         if total + cost <= budget:
             total += cost
-            bits[keys[i]] = nxt
-            push(keys[i])
-    return bits
+            at[i] += 1
+            push(i)
+    return {k: lad[a] for k, lad, a in zip(keys, ladders, at)}
 
 
-def noise_at_one_bit(t: torch.Tensor, enc, op: str) -> float:
-    """The weighted relative noise energy 1-bit quantization of t would add: from the group
-    step sizes of its k-bit encoding `enc` (quant or bitmap_quant), else from the tensor's own
-    min/max per group of 256."""
+def noise_at_one_bit(t: torch.Tensor, enc, op: str) -> dict:
+    """Per group size, the weighted relative noise energy 1-bit quantization of t would add:
+    from the group minima and step sizes of its encoding `enc` (quant or bitmap_quant; group
+    sizes its own and coarser), else from t's own min/max per group."""
     energy = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) ** 2
     if energy == 0 or not math.isfinite(energy):
-        return 0.0
-    if enc is not None and enc.codec in choice.LOSSY:
-        bits, group = enc.params["bits"], enc.params["group_size"] or enc.size
-        scales = enc.buffers[3 if enc.codec == "bitmap_quant" else 2]
-        scales = (scales.view(torch.float32) if isinstance(scales, torch.Tensor)
-                  else torch.from_numpy(np.asarray(scales).view(np.float32)))
-        steps1 = scales.double() * ((1 << bits) - 1)
+        return {g: 0.0 for g in GROUPS}
+    if enc is not None and enc.codec in choice.LOSSY and enc.params["group_size"] in GROUPS:
+        bits, group = enc.params["bits"], enc.params["group_size"]
+        mins, scales = (_floats(b) for b in enc.buffers[-2:])  # the last two: stats per group
+        lo, hi = mins, mins + scales * ((1 << bits) - 1)
     else:
-        flat, group = t.detach().reshape(-1).float(), 256
+        group = GROUPS[0]
+        flat = t.detach().reshape(-1).float()
         whole = flat.numel() // group * group
         if whole == 0:
-            return 0.0
+            return {g: 0.0 for g in GROUPS}
         lo, hi = torch.aminmax(flat[:whole].view(-1, group), dim=1)
-        steps1 = (hi - lo).double()
-    noise = float((steps1 ** 2).sum()) * group / 12.0
-    return AMPLIFY.get(op, 1.0) * noise / energy
+        lo, hi = lo.double(), hi.double()
+    out = {}
+    for g in GROUPS:
+        if g % group:
+            continue
+        k = g // group
+        m = lo.numel() // k * k
+        if m == 0:
+            continue
+        glo = lo[:m].view(-1, k).amin(dim=1)
+        ghi = hi[:m].view(-1, k).amax(dim=1)
+        out[g] = AMPLIFY.get(op, 1.0) * float(((ghi - glo) ** 2).sum()) * g / 12.0 / energy
+    return out
+
+
+def _floats(buf) -> torch.Tensor:
+    """A payload buffer of float32 values as a float64 tensor."""
+    if isinstance(buf, torch.Tensor):
+        return buf.view(torch.float32).double()
+    return torch.from_numpy(np.asarray(buf).view(np.float32)).double()
 
 
 class Spill:
@@ -210,8 +253,8 @@ class Entry:
     store: object
 
     @property
-    def bits(self):
-        return self.setting.bits
+    def choice(self):
+        return None if self.setting.bits is None else (self.setting.bits, self.setting.group_size)
 
 
 class Keeper:
@@ -256,23 +299,25 @@ class Keeper:
                 return
 
     def _reencode_one(self, pool) -> bool:
-        """Re-encodes, at the next fewer bits, the save that loses least per byte freed."""
-        best, best_ratio, best_bits = None, math.inf, None
+        """Re-encodes, one step down its ladder, the save that loses least per byte freed."""
+        best, best_ratio, best_choice = None, math.inf, None
         for e in pool:
             p = e.packed()
-            lower = [b for b in CHOICES[:-1] if b >= MIN_BITS and (e.bits is None or b < e.bits)]
-            if e.site is None or p.enc is None or p.spill is not None or not lower:
+            if e.site is None or p.enc is None or p.spill is not None:
                 continue
-            freed = p.nbytes - e.site.nbytes(lower[-1])
-            if freed <= 0:
+            now = p.nbytes
+            lower = [c for c in e.site.ladder() if c is not None and c[0] >= MIN_BITS
+                     and e.site.nbytes(c) < now]
+            if not lower:
                 continue
-            ratio = (e.site.error(lower[-1]) - e.site.error(e.bits)) / freed
+            fewer = lower[-1]
+            ratio = (e.site.error(fewer) - e.site.error(e.choice)) / (now - e.site.nbytes(fewer))
             if ratio < best_ratio:
-                best, best_ratio, best_bits = e, ratio, lower[-1]
+                best, best_ratio, best_choice = e, ratio, fewer
         if best is None:
             return False
         p = best.packed()
-        setting = replace(best.setting, bits=best_bits)
+        setting = with_choice(best.setting, best_choice)
         fresh = packing.pack(p._restore(), setting, best.store, keep_dense=False)
         p.enc, p.layout = fresh.enc, fresh.layout
         best.setting = setting
@@ -289,7 +334,7 @@ class Keeper:
             p = e.packed()
             if not _pageable(p):
                 continue
-            importance = e.site.error(e.bits) if e.site is not None else 0.0
+            importance = e.site.error(e.choice) if e.site is not None else 0.0
             ratio = -1.0 / p.nbytes if importance == 0 else importance / p.nbytes
             if ratio < best_ratio:
                 best, best_ratio = e, ratio
@@ -313,6 +358,14 @@ class Keeper:
 
     def close(self) -> None:
         self.spill.close()
+
+
+def with_choice(setting: packing.Setting, c) -> packing.Setting:
+    """`setting` as choice `c` says: (bits, group size), or None for lossless."""
+    if c is None:
+        codec = "auto" if setting.codec in choice.LOSSY else setting.codec
+        return replace(setting, bits=None, codec=codec)
+    return replace(setting, bits=c[0], group_size=c[1])
 
 
 def _pageable(p) -> bool:

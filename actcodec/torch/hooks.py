@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import replace
 
 import torch
 
@@ -197,7 +196,7 @@ class compress_saved:
         if budget is not None and setting.codec != "keep":
             site = self._site(op, layer, t)
             if site in self._plan:
-                setting = _with_bits(setting, self._plan[site])
+                setting = budgets.with_choice(setting, self._plan[site])
         t0 = time.perf_counter()
         packed = packing.pack(t, setting, self.store, keep_dense=budget is None)
         if packed.is_kept:
@@ -208,6 +207,9 @@ class compress_saved:
         else:
             learned = _learn(t, packed, setting, op)
             if learned is not None:
+                before = self._sites.get(site)
+                if before is not None:  # group sizes this encoding could not tell: as before
+                    learned.noise1 = {**before.noise1, **learned.noise1}
                 self._sites[site] = learned
             else:
                 self._kept_bytes += packed.nbytes
@@ -256,13 +258,6 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
 
 
-def _with_bits(setting: packing.Setting, bits) -> packing.Setting:
-    """`setting` at `bits` (None: lossless)."""
-    if bits is None and setting.codec in ("quant", "bitmap_quant"):
-        return replace(setting, bits=None, codec="auto")
-    return replace(setting, bits=bits)
-
-
 def _learn(t: torch.Tensor, packed: packing.Packed, setting: packing.Setting, op: str):
     """What a budget plans with about this save (budget.Site), or None where bits do not
     apply (masks, integers)."""
@@ -271,5 +266,4 @@ def _learn(t: torch.Tensor, packed: packing.Packed, setting: packing.Setting, op
         return None
     n = t.numel()
     nnz = enc.nnz if enc.nnz is not None else n
-    return budgets.Site(n, nnz, t.element_size(), setting.group_size,
-                        budgets.noise_at_one_bit(t, enc, op))
+    return budgets.Site(n, nnz, t.element_size(), budgets.noise_at_one_bit(t, enc, op))
