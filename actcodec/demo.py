@@ -51,7 +51,7 @@ import time
 from . import demo_text
 
 SPECIAL = ("fp32", "checkpoint")
-DEFAULT_CONFIGS = "fp32,lossless,8bit,4bit,2bit,auto,checkpoint"
+DEFAULT_CONFIGS = "fp32,lossless,8bit,4bit,2bit,auto,checkpoint,budget/4,budget/8,budget/4-halved"
 MiB = 2**20
 # Defaults and --quick; explicit options override either.
 FULL = {"width": 16, "batch_size": 128, "epochs": 12, "size": 32}
@@ -304,10 +304,13 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
 
     step_seconds, compressed, original, codecs = [], [], [], {}
     losses, held, budgets, reencoded, paged_out = [], [], [], 0, 0
+    diverged = None  # the step whose loss or activations were no longer finite
     model.train()
     bar = tqdm(total=total_steps, desc=f"{name:>10}", leave=False, disable=None, unit="step",
                dynamic_ncols=True)
     for _ in range(s["epochs"]):
+        if diverged is not None:
+            break
         order = torch.randperm(len(y_train), generator=gen)
         for i in range(steps_per_epoch):
             idx = order[i * batch:(i + 1) * batch]
@@ -317,8 +320,15 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
                 budgeted_ctx.budget = budget // 2  # and training carries on
             # each entry is a new step of the policy
             ctx = budgeted_ctx if budgeted else context(policy)
-            with ctx:
-                loss = loss_of(model(xb), yb)
+            try:
+                with ctx:
+                    loss = loss_of(model(xb), yb)
+            except actcodec.NonFiniteError:  # the activations blew up: training diverged
+                diverged = len(losses)
+                break
+            if not torch.isfinite(loss):
+                diverged = len(losses)
+                break
             opt.zero_grad(set_to_none=True)
             if recomputes:
                 # The recomputation in backward runs BatchNorm in training mode a second time:
@@ -368,7 +378,7 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     with CountSaved() as counted:
         out = model(x_train[:batch].clone())  # a batch of its own, as in training
     del out
-    if budgeted:  # what the step held at its peak, kept tensors included
+    if budgeted and held:  # what the step held at its peak, kept tensors included
         saved, saved_min, saved_max = statistics.mean(held), min(held), max(held)
         kept = 0
     elif policy is None:
@@ -382,20 +392,22 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     return {
         "config": name, "seed": seed, "settings": s, "test_accuracy": accuracy,
         "test_loss": test_loss, "test_images": len(y_test),
-        "train_images": len(y_train), "steps": total_steps, "final_loss": losses[-1],
+        "train_images": len(y_train), "steps": total_steps,
+        "final_loss": losses[-1] if losses else None,
         "saved_bytes": saved, "saved_bytes_min": saved_min, "saved_bytes_max": saved_max,
         "counted_bytes": counted.nbytes, "kept_bytes": kept,
         "original_bytes": statistics.mean(original) if original else None,
         "compressed_bytes": statistics.mean(compressed) if compressed else None,
         "codecs": codecs, "floor_rss": floor, "peak_rss": peak_process,
         "peak_above_floor": peak - floor, "peak_reset": reset,
-        "step_ms": statistics.median(step_seconds) * 1e3, "seconds": train_seconds,
+        "step_ms": statistics.median(step_seconds) * 1e3 if step_seconds else float("nan"),
+        "seconds": train_seconds,
         "weights_sha256": digest.hexdigest(), "torch": torch.__version__,
         "allocator": s["allocator"],
         "actcodec": actcodec.__version__,
         "budget_bytes": budgets or None, "held_bytes": held or None,
         "within_budget": all(h <= b for h, b in zip(held, budgets)) if budgeted else None,
-        "reencoded": reencoded, "paged_out": paged_out,
+        "reencoded": reencoded, "paged_out": paged_out, "diverged_at_step": diverged,
     }
 
 
@@ -505,6 +517,11 @@ def _notes(results: list[dict], s: dict, total: float) -> str:
     else:
         lines.append("Allocator: the process's own (glibc at its defaults unless you preload "
                      "another); nothing set in the environment.")
+    diverged = [f"{r['config']} at step {r['diverged_at_step']}" for r in results
+                if r.get("diverged_at_step") is not None]
+    if diverged:
+        lines.append("Diverged (loss or activations no longer finite; training stopped there): "
+                     + ", ".join(diverged) + ".")
     budgeted = [r for r in results if r.get("budget_bytes")]
     if budgeted:
         lines.append("Budgets: " + "; ".join(

@@ -51,6 +51,10 @@ from . import packing
 CHOICES = ((2, 64), (4, 256), (4, 64), (8, 256), (8, 64), None)
 GROUPS = (64, 256)  # each a multiple of the one before: finer stats give the coarser exactly
 MIN_BITS = 2  # what making room re-encodes down to before it pages out
+# Saves whose op amplifies error (AMPLIFY) take at least this many bits, in the plan and when
+# making room: below it, what does not fit is paged out instead. All at 2 bits, a byte-level
+# language model's LayerNorm and softmax saves made its training diverge (the demo's text task).
+SENSITIVE_MIN_BITS = 4
 # A budget without a policy starts unknown saves at 8 bits in groups of 64: the stats of the
 # finest group size give every coarser one's noise exactly.
 POLICY = {"bits": 8, "group_size": GROUPS[0]}
@@ -92,6 +96,7 @@ class Site:
     nnz: int
     esize: int
     noise1: dict
+    min_bits: int = MIN_BITS
 
     def _sizes(self, c) -> dict:
         bits, group = c if c is not None else (None, None)
@@ -111,7 +116,7 @@ class Site:
         """The choices worth taking, fewest bytes first: the lower convex hull of (bytes,
         error), so each step up removes less error per byte than the one before."""
         points = sorted(((self.nbytes(c), self.error(c), i) for i, c in enumerate(CHOICES)
-                         if c is None or c[1] in self.noise1))
+                         if c is None or (c[1] in self.noise1 and c[0] >= self.min_bits)))
         hull: list = []
         for b, e, i in points:
             if hull and e >= hull[-1][1]:
@@ -307,7 +312,7 @@ class Keeper:
                 continue
             now = p.nbytes
             lower = [c for c in e.site.ladder() if c is not None and c[0] >= MIN_BITS
-                     and e.site.nbytes(c) < now]
+                     and c[0] >= e.site.min_bits and e.site.nbytes(c) < now]
             if not lower:
                 continue
             fewer = lower[-1]
@@ -358,6 +363,11 @@ class Keeper:
 
     def close(self) -> None:
         self.spill.close()
+
+
+def min_bits(op: str) -> int:
+    """The fewest bits a save by `op` may take."""
+    return SENSITIVE_MIN_BITS if AMPLIFY.get(op, 1.0) > 1.0 else MIN_BITS
 
 
 def with_choice(setting: packing.Setting, c) -> packing.Setting:

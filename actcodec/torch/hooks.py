@@ -266,4 +266,5 @@ def _learn(t: torch.Tensor, packed: packing.Packed, setting: packing.Setting, op
         return None
     n = t.numel()
     nnz = enc.nnz if enc.nnz is not None else n
-    return budgets.Site(n, nnz, t.element_size(), budgets.noise_at_one_bit(t, enc, op))
+    return budgets.Site(n, nnz, t.element_size(), budgets.noise_at_one_bit(t, enc, op),
+                        budgets.min_bits(op))
