@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
 
-from actcodec.torch import Policy, budget as budgets, compress_saved  # noqa: E402
+from actcodec.torch import Accounting, Policy, compress_saved, convert, record  # noqa: E402
+from actcodec.torch import budget as budgets  # noqa: E402
 
 from test_torch_hooks import MODELS, cnn, grads  # noqa: E402
 
@@ -71,7 +72,7 @@ def test_the_plan_learns_from_the_first_step():
     first = ctx.stats.reencoded
     grads(model, x, ctx)
     assert first > 0 and ctx.stats.reencoded < first  # planned bits, fewer fixes
-    assert set(ctx._plan.values()) <= set(budgets.CHOICES)
+    assert set(ctx.stats.limit.plan.values()) <= set(budgets.CHOICES)
 
 
 def test_paged_out_payloads_come_back_exactly(monkeypatch):
@@ -84,14 +85,14 @@ def test_paged_out_payloads_come_back_exactly(monkeypatch):
     with ctx:
         loss = model(x).square().mean()
     assert ctx.stats.spilled > 0 and ctx.stats.stored_bytes <= 1
-    assert ctx._keeper.spill.live > 0
+    assert ctx.stats.limit.keeper.spill.live > 0
     model.zero_grad()
     loss.backward()
     got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert torch.equal(got, exact)
     del loss
     gc.collect()
-    assert ctx._keeper.spill.live == 0 and ctx._keeper.spill.end == 0  # the file emptied
+    assert ctx.stats.limit.keeper.spill.live == 0 and ctx.stats.limit.keeper.spill.end == 0  # the file emptied
 
 
 def test_shapes_that_change_stay_within_the_budget():
@@ -169,3 +170,42 @@ def test_no_budget_changes_nothing():
     a = grads(model, x, compress_saved(Policy(bits=4)))
     b = grads(model, x, compress_saved(Policy(bits=4), budget=None))
     assert torch.equal(a, b)
+
+
+def _converted_grads(model, x, acc=None):
+    model.zero_grad()
+    torch.manual_seed(1)
+    if acc is None:
+        loss = model(x).square().mean()
+    else:
+        with record(acc):
+            loss = model(x).square().mean()
+    loss.backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.25, 0.05])
+def test_converted_modules_keep_a_budget(fraction):
+    model, x = convert(cnn(), Policy(bits=8, min_bytes=0)), torch.randn(8, 3, 32, 32)
+    free = Accounting()
+    with record(free):
+        loss = model(x).square().mean()
+    budget = int(free.peak_stored_bytes * fraction)
+    loss.backward()
+    acc = Accounting(budget=budget)
+    for _ in range(3):
+        g = _converted_grads(model, x, acc)
+        assert acc.peak_stored_bytes <= budget and torch.isfinite(g).all()
+        assert acc.stored_bytes == 0
+    if fraction < 0.1:
+        assert acc.reencoded + acc.spilled > 0
+
+
+def test_converted_modules_page_out_exactly(monkeypatch):
+    monkeypatch.setattr(budgets, "MIN_BITS", 99)
+    model, x = convert(cnn(), Policy(bits=None, min_bytes=0)), torch.randn(8, 3, 32, 32)
+    exact = _converted_grads(model, x)
+    acc = Accounting(budget=1)
+    assert torch.equal(_converted_grads(model, x, acc), exact)
+    kept = 2 * (16 + 32) * 4  # the batch norms' saved means and inverse stds, kept as they are
+    assert acc.spilled > 0 and acc.peak_stored_bytes <= kept and acc.over_budget > 0

@@ -43,7 +43,7 @@ class Accounting:
     """Per-layer/op rows plus counts of shared and kept saves. `str()` is a summary line,
     `table()` the per-layer table."""
 
-    def __init__(self, store=None):
+    def __init__(self, store=None, budget=None, spill_dir: str | None = None):
         self.rows: dict = {}
         self.deduplicated = 0   # saves served by an encoding made earlier in the step
         self.kept = 0           # saves left as they were (params, ints, small, policy "keep")
@@ -55,6 +55,11 @@ class Accounting:
         self.spilled = 0        # saves paged out to disk to stay within the budget
         self.spilled_bytes = 0
         self.over_budget = 0    # saves the budget could not hold (kept tensors above it)
+        self.limit = None       # the budget.Budget saves go through, when there is a budget
+        if budget is not None:
+            from .budget import Budget  # here: budget imports packing, which imports this
+
+            self.limit = Budget(self, budget, spill_dir)
         self._lock = threading.Lock()
 
     def hold(self, owner, nbytes: int) -> "Held":
@@ -152,8 +157,12 @@ def current() -> Accounting | None:
 
 @contextmanager
 def record(accounting: Accounting | None = None):
-    """`with record() as acc:` collects what converted modules save in the block."""
+    """`with record() as acc:` collects what converted modules save in the block. Pass the
+    same `Accounting(budget=...)` every step to keep what they hold within a budget (each
+    entry is a step: see actcodec.torch.budget)."""
     acc = accounting if accounting is not None else Accounting()
+    if acc.limit is not None and acc.limit.nbytes is not None:
+        acc.limit.new_step()
     _ACTIVE.append(acc)
     try:
         yield acc

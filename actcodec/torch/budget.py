@@ -378,6 +378,90 @@ def with_choice(setting: packing.Setting, c) -> packing.Setting:
     return replace(setting, bits=c[0], group_size=c[1])
 
 
+class Budget:
+    """The budget of one context, kept across the steps it is entered for: what the steps
+    learned about each site, this step's plan, and the live saves with what makes room. The
+    hooks (compress_saved) and the converted modules (record) both save through it."""
+
+    def __init__(self, stats, budget, spill_dir: str | None = None):
+        self.stats, self.nbytes = stats, parse_bytes(budget)
+        self.keeper = Keeper(stats, spill_dir)
+        self.sites: dict = {}
+        self.plan: dict = {}
+        self.ordinals: dict = {}
+        self.fixed_bytes = 0  # held at sizes no choice changes (kept, masks, integers)
+        self.planned_for = None  # (budget, site keys) the plan was made for
+        stats.budget = self.nbytes
+
+    def set(self, value) -> None:
+        """A new budget, from any thread: what is held is made to fit it at once."""
+        self.nbytes = parse_bytes(value)
+        self.stats.budget = self.nbytes
+        if self.nbytes is not None:
+            self.keeper.shrink(self.nbytes)
+
+    def new_step(self) -> None:
+        """Plans this step from what the last steps learned, unless the last plan still holds
+        (same budget and sites, and the last step kept to it without making room): choices
+        that stay put keep payload sizes, and so the store's plan, from step to step. The
+        step's counters start afresh."""
+        st = self.stats
+        replan = (st.reencoded or st.spilled or st.over_budget
+                  or self.planned_for != (self.nbytes, set(self.sites)))
+        st.budget, st.reencoded, st.spilled, st.spilled_bytes, st.over_budget = \
+            self.nbytes, 0, 0, 0, 0
+        st.peak_stored_bytes = st.stored_bytes
+        if replan:
+            room = int(self.nbytes * (1 - MARGIN)) - st.stored_bytes - self.fixed_bytes
+            self.plan = plan(self.sites, max(room, 0)) if self.sites else {}
+            self.planned_for = (self.nbytes, set(self.sites))
+        self.ordinals, self.fixed_bytes = {}, 0
+
+    def setting_for(self, op: str, layer, t: torch.Tensor, setting):
+        """(the setting this save gets, its site key): the plan's choice where it has one."""
+        kind = (op, layer, tuple(t.shape), t.dtype)
+        n = self.ordinals.get(kind, 0)
+        self.ordinals[kind] = n + 1
+        site = (*kind, n)
+        if site in self.plan:
+            setting = with_choice(setting, self.plan[site])
+        return setting, site
+
+    def admit(self, t: torch.Tensor, packed, setting, op: str, site, store) -> None:
+        """Learns from `packed` (t encoded at `setting`) and holds it within the budget."""
+        learned = _learn(t, packed, op)
+        if learned is not None:
+            before = self.sites.get(site)
+            if before is not None:  # group sizes this encoding could not tell: as before
+                learned.noise1 = {**before.noise1, **learned.noise1}
+            self.sites[site] = learned
+        else:
+            self.fixed_bytes += packed.nbytes
+        self.keeper.admit(packed, learned, setting, store, self.nbytes)
+
+    def admit_fixed(self, packed) -> None:
+        """Holds a save no choice changes (a mask, narrowed integers) within the budget: it
+        may still be paged out."""
+        self.fixed_bytes += packed.nbytes
+        self.keeper.admit(packed, None, None, None, self.nbytes)
+
+    def reserve(self, nbytes: int) -> None:
+        """Makes room for nbytes about to be held as they are."""
+        self.keeper.reserve(nbytes, self.nbytes)
+        self.fixed_bytes += nbytes
+
+
+def _learn(t: torch.Tensor, packed, op: str) -> Site | None:
+    """What the plan knows about this save, or None where no choice applies (masks,
+    integers)."""
+    enc = packed.enc
+    if enc is None or enc.codec == "mask" or t.dtype not in packing.FLOATS:
+        return None
+    n = t.numel()
+    nnz = enc.nnz if enc.nnz is not None else n
+    return Site(n, nnz, t.element_size(), noise_at_one_bit(t, enc, op), min_bits(op))
+
+
 def _pageable(p) -> bool:
     """Whether paging `p` out frees memory that it alone holds, on the CPU."""
     if p.spill is not None or p.nbytes == 0:

@@ -53,12 +53,36 @@ def _needs_grad(*tensors) -> bool:
 
 
 def _store(t: torch.Tensor, policy, op: str, layer) -> packing.Packed:
-    """t compressed as the policy says for this op and layer, and recorded."""
+    """t compressed as the policy says for this op and layer (or as the recording's budget
+    plans it), and recorded."""
     policy = _DEFAULT_POLICY if policy is None else policy
+    setting = policy.setting(op, layer, t.numel() * t.element_size())
+    limit = _limit()
+    if limit is not None and setting.codec != "keep":
+        setting, site = limit.setting_for(op, layer, t, setting)
     t0 = time.perf_counter()
-    packed = packing.pack(t, policy.setting(op, layer, t.numel() * t.element_size()))
+    packed = packing.pack(t, setting, keep_dense=limit is None)
     _record(packed, op, layer, time.perf_counter() - t0)
+    if limit is not None:
+        _within(limit, t, packed, setting, op, site if setting.codec != "keep" else None)
     return packed
+
+
+def _limit():
+    """The budget.Budget of the innermost recording, if it has a budget."""
+    acc = accounting.current()
+    limit = acc.limit if acc is not None else None
+    return limit if limit is not None and limit.nbytes is not None else None
+
+
+def _within(limit, t, packed, setting, op, site) -> None:
+    """Holds `packed` within the budget (re-encoded or paged out when room is short)."""
+    if packed.is_kept:  # held as it is by packing.save, which makes room for it
+        return
+    if packed.enc is None or site is None:
+        limit.admit_fixed(packed)
+    else:
+        limit.admit(t, packed, setting, op, site, packing.DEFAULT_STORE)
 
 
 def _store_mask(mask: torch.Tensor, policy, op: str, layer) -> packing.Packed:
@@ -67,6 +91,9 @@ def _store_mask(mask: torch.Tensor, policy, op: str, layer) -> packing.Packed:
     t0 = time.perf_counter()
     packed = packing.pack_mask(mask, threads)
     _record(packed, op, layer, time.perf_counter() - t0)
+    limit = _limit()
+    if limit is not None:
+        _within(limit, mask, packed, None, op, None)
     return packed
 
 

@@ -68,7 +68,7 @@ class compress_saved:
             policy_kwargs = {**budgets.POLICY, **policy_kwargs}
         self.policy = policy if policy is not None else Policy(**policy_kwargs)
         self.store = packing.store_of(store)
-        self.stats = accounting.Accounting(self.store)
+        self.stats = accounting.Accounting(self.store, budget, spill_dir)
         self._names = ({id(m): n or type(m).__name__ for n, m in model.named_modules()}
                        if model is not None else {})
         self._stack: list = []
@@ -78,33 +78,22 @@ class compress_saved:
         self._handles: list = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._record = None  # accounting.record(self.stats), while inside
-        # Under a budget (actcodec.torch.budget): what the steps learned about each save site,
-        # the bits planned for this step, and the live saves with what makes room.
-        self._budget = budgets.parse_bytes(budget)
-        self._keeper = budgets.Keeper(self.stats, spill_dir)
-        self._sites: dict = {}
-        self._plan: dict = {}
-        self._ordinals: dict = {}
-        self._kept_bytes = 0  # held at sizes no bits change (kept, masks, integers) this step
-        self._planned_for = None  # (budget, site keys) the plan was made for
-
     @property
     def budget(self) -> int | None:
         """Bytes the step may hold for backward (None: no budget). Settable between steps and
         from another thread during one: what is held is made to fit at once."""
-        return self._budget
+        return None if self.stats.limit is None else self.stats.limit.nbytes
 
     @budget.setter
     def budget(self, value) -> None:
-        value = budgets.parse_bytes(value)
-        self._budget = value
-        self.stats.budget = value
-        if value is not None:
-            self._keeper.shrink(value)
+        if self.stats.limit is None:
+            self.stats.limit = budgets.Budget(self.stats, value)
+        else:
+            self.stats.limit.set(value)
 
     def __enter__(self):
-        if self._budget is not None:
-            self._new_budget_step()
+        if self._limit() is not None:
+            self.stats.limit.new_step()
         self.policy.next_step()
         stores.new_step(self.store)  # what the steps before no longer need goes back
         reg = torch.nn.modules.module
@@ -124,30 +113,10 @@ class compress_saved:
         self._record.__exit__(*exc)
         return self._hooks.__exit__(*exc)
 
-    def _new_budget_step(self) -> None:
-        """Plans this step's bits from what the last steps learned, unless the last plan still
-        holds (same budget and sites, and the last step kept to it without making room): bits
-        that stay put keep payload sizes, and so the store's plan, from step to step. The
-        step's counters start afresh."""
-        st = self.stats
-        replan = (st.reencoded or st.spilled or st.over_budget
-                  or self._planned_for != (self._budget, self._sites.keys() - set()))
-        st.budget, st.reencoded, st.spilled, st.spilled_bytes, st.over_budget = \
-            self._budget, 0, 0, 0, 0
-        st.peak_stored_bytes = st.stored_bytes
-        if replan:
-            room = int(self._budget * (1 - budgets.MARGIN)) - st.stored_bytes - self._kept_bytes
-            self._plan = budgets.plan(self._sites, max(room, 0)) if self._sites else {}
-            self._planned_for = (self._budget, self._sites.keys() - set())
-        self._ordinals, self._kept_bytes = {}, 0
-
-    def _site(self, op: str, layer, t: torch.Tensor) -> tuple:
-        """The key of this save among the step's: the same op, layer, shape and dtype, and how
-        many such saves came before it."""
-        kind = (op, layer, tuple(t.shape), t.dtype)
-        n = self._ordinals.get(kind, 0)
-        self._ordinals[kind] = n + 1
-        return (*kind, n)
+    def _limit(self):
+        """The budget.Budget saves go through, if a budget is set."""
+        limit = self.stats.limit
+        return limit if limit is not None and limit.nbytes is not None else None
 
     def _enter_module(self, module, args):
         self._stack.append(module)
@@ -192,11 +161,9 @@ class compress_saved:
                 return packed
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, nbytes)
-        budget, site = self._budget, None
+        budget = self._limit()
         if budget is not None and setting.codec != "keep":
-            site = self._site(op, layer, t)
-            if site in self._plan:
-                setting = budgets.with_choice(setting, self._plan[site])
+            setting, site = budget.setting_for(op, layer, t, setting)
         t0 = time.perf_counter()
         packed = packing.pack(t, setting, self.store, keep_dense=budget is None)
         if packed.is_kept:
@@ -205,15 +172,7 @@ class compress_saved:
         if budget is None:
             self.stats.hold(packed, packed.nbytes)
         else:
-            learned = _learn(t, packed, setting, op)
-            if learned is not None:
-                before = self._sites.get(site)
-                if before is not None:  # group sizes this encoding could not tell: as before
-                    learned.noise1 = {**before.noise1, **learned.noise1}
-                self._sites[site] = learned
-            else:
-                self._kept_bytes += packed.nbytes
-            self._keeper.admit(packed, learned, setting, self.store, budget)
+            budget.admit(t, packed, setting, op, site, self.store)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
 
@@ -234,9 +193,8 @@ class compress_saved:
         packed = packed if packed is not None else packing.keep(t.detach())
         self._kept[key] = weakref.ref(packed)
         nbytes = min(t.untyped_storage().nbytes(), _span(t) * t.element_size())
-        if self._budget is not None:
-            self._keeper.reserve(nbytes, self._budget)
-            self._kept_bytes += nbytes
+        if self._limit() is not None:
+            self._limit().reserve(nbytes)
         self.stats.hold(packed, nbytes)
         return packed
 
@@ -256,15 +214,3 @@ def _span(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
     return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-
-
-def _learn(t: torch.Tensor, packed: packing.Packed, setting: packing.Setting, op: str):
-    """What a budget plans with about this save (budget.Site), or None where bits do not
-    apply (masks, integers)."""
-    enc = packed.enc
-    if enc is None or enc.codec == "mask" or t.dtype not in packing.FLOATS:
-        return None
-    n = t.numel()
-    nnz = enc.nnz if enc.nnz is not None else n
-    return budgets.Site(n, nnz, t.element_size(), budgets.noise_at_one_bit(t, enc, op),
-                        budgets.min_bits(op))

@@ -236,7 +236,16 @@ def save(ctx, *items) -> None:
     autograd (which frees them with the graph, and lets saved-tensor hooks and checkpointing
     see them); the rest of each Packed rides on ctx."""
     saved, slots = [], []
+    acc = accounting.current()
+    limit = acc.limit if acc is not None and acc.limit is not None and \
+        acc.limit.nbytes is not None else None
     for item in items:
+        if limit is not None and isinstance(item, Packed) and item.lock is None and \
+                not item.is_kept:  # a payload or narrowed integers: held through the budget
+            limit.admit_fixed(item)
+        if isinstance(item, Packed) and item.lock is not None:
+            slots.append((item, 0))  # under a budget: it may be re-encoded or paged out later,
+            continue                 # so ctx holds the Packed itself (counted by the budget)
         if isinstance(item, Packed):
             held = item.tensors()
             slots.append((item.with_tensors([None] * len(held)), len(held)))
@@ -248,10 +257,12 @@ def save(ctx, *items) -> None:
             saved.append(item)
     ctx.save_for_backward(*saved)
     ctx.actcodec_slots = slots
-    acc = accounting.current()
     held = [t for t in saved if t is not None and not (t.is_leaf and t.requires_grad)]
     if acc is not None and held:  # until autograd releases the saves (after backward)
-        acc.hold(held[0], sum(t.numel() * t.element_size() for t in held))
+        nbytes = sum(t.numel() * t.element_size() for t in held)
+        if limit is not None:
+            limit.reserve(nbytes)
+        acc.hold(held[0], nbytes)
 
 
 def load(ctx) -> list:
@@ -262,6 +273,9 @@ def load(ctx) -> list:
             out.append(None)
             continue
         template, count = slot
+        if template is not None and count == 0:  # a Packed held under a budget
+            out.append(template.unpack())
+            continue
         out.append(saved[i] if template is None else
                    template.with_tensors(saved[i:i + count]).unpack())
         i += count
