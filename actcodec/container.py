@@ -125,10 +125,12 @@ class Encoded:
 
     def to(self, device="cpu") -> "Encoded":
         """The same encoding over uint8 torch tensors on `device` (numpy buffers are viewed
-        on the CPU, copied elsewhere)."""
+        on the CPU, copied elsewhere; read-only ones, such as a parsed byte string's, are
+        copied: torch has no read-only tensors)."""
         import torch
 
-        bufs = tuple(b if _arrays.is_tensor(b) else torch.from_numpy(b) for b in self.buffers)
+        bufs = tuple(b if _arrays.is_tensor(b) else
+                     torch.from_numpy(b if b.flags.writeable else b.copy()) for b in self.buffers)
         return _replace(self, tuple(b.to(device) for b in bufs))
 
     def to_bytes(self) -> bytes:
