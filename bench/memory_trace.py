@@ -6,6 +6,8 @@ bytes in mmapped chunks) and actcodec's store, and prints the trace and its peak
     python bench/memory_trace.py --model gpt2 --config 2bit [--steps 3] [--gpt2 batch=8,seq=512]
                                  [--allocator]
 
+--config: fp32, checkpoint, a Policy preset, or budget/N (a budget of 1/N of fp32's saves).
+
 Live bytes are RSS less what the allocators hold free (glibc's free heap chunks, the store's
 unused pages: actcodec.memory.live); a sampling thread reads them every 2 ms besides, for the
 peaks between block boundaries. --allocator installs actcodec's torch allocator
@@ -63,7 +65,8 @@ class PeakSampler(memory.Sampler):
                 now = memory.live()
                 if now > self.peak_live:
                     stored = getattr(getattr(self.ctx[0], "stats", None), "stored_bytes", 0)
-                    self.peak_live, self.at_peak = now, (self.where[0], stored)
+                    self.peak_live, self.at_peak = now, (self.where[0], stored,
+                                                         memory.rss() - now)
             time.sleep(self.period)
 
 
@@ -82,11 +85,19 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     trace = []
 
+    import actcodec.torch as act
+
+    if config.startswith("budget/"):  # 1/N of what fp32 saves, one context all along
+        with memory.CountSaved() as counted:
+            loss = loss_fn(model)
+        del loss
+        budgeted = act.compress_saved(model=model, budget=counted.nbytes // int(config[7:]))
+
     def context():
         if config in ("fp32", "checkpoint"):
             return contextlib.nullcontext()
-        import actcodec.torch as act
-
+        if config.startswith("budget/"):
+            return budgeted
         return act.compress_saved(act.Policy.preset(config), model=model)
 
     if config == "checkpoint":
@@ -142,10 +153,12 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
     later = [r for r in trace if r["step"] >= 1]
     peak_live = max([r["live"] for r in later] + [sampler.peak_live])
     if sampler.at_peak and sampler.peak_live >= max(r["live"] for r in later):
-        peak_at = {"after": sampler.at_peak[0], "stored": sampler.at_peak[1], "live": peak_live}
+        peak_at = {"after": sampler.at_peak[0], "stored": sampler.at_peak[1], "live": peak_live,
+                   "free": sampler.at_peak[2]}
     else:
         top = max(later, key=lambda r: r["live"])
-        peak_at = {"after": top["at"], "stored": top["stored"], "live": top["live"]}
+        peak_at = {"after": top["at"], "stored": top["stored"], "live": top["live"],
+                   "free": top["rss"] - top["live"]}
     return {"model": model_name, "config": config, "sizes": sizes, "floor_rss": floor,
             "peak_rss": memory.peak_rss(), "peak_live": peak_live, "peak_at": peak_at,
             "peak_heap": max(r.get("heap", 0) for r in later), "stats": stats, "trace": trace,
@@ -186,7 +199,8 @@ def main(argv=None) -> int:
     start, pk = last[0]["live"], r["peak_at"]
     print(f"peak live {pk['live'] / mib:.0f} MiB (after {pk['after']}) = live at the step's start "
           f"{start / mib:.0f} + held for backward then {pk['stored'] / mib:.0f} + the ops' tensors "
-          f"in flight {(pk['live'] - start - pk['stored']) / mib:.0f}")
+          f"in flight {(pk['live'] - start - pk['stored']) / mib:.0f}; the allocators held "
+          f"{pk['free'] / mib:.0f} MiB free then")
     if args.json:
         Path(args.json).write_text(json.dumps(r))
     return 0
