@@ -76,6 +76,11 @@ class Accounting:
             held.nbytes = max(nbytes, 0)
             self.peak_stored_bytes = max(self.peak_stored_bytes, self.stored_bytes)
 
+    def budgeted(self):
+        """The budget.Budget saves go through, if a budget is set; else None."""
+        limit = self.limit
+        return limit if limit is not None and limit.nbytes is not None else None
+
     @property
     def store_mapped_bytes(self) -> int:
         """The store's mapped bytes now (0 without a store)."""
@@ -161,8 +166,8 @@ def record(accounting: Accounting | None = None):
     same `Accounting(budget=...)` every step to keep what they hold within a budget (each
     entry is a step: see actcodec.torch.budget)."""
     acc = accounting if accounting is not None else Accounting()
-    if acc.limit is not None and acc.limit.nbytes is not None:
-        acc.limit.new_step()
+    if acc.budgeted() is not None:
+        acc.budgeted().new_step()
     _ACTIVE.append(acc)
     try:
         yield acc

@@ -278,8 +278,6 @@ class Keeper:
             self._fit(budget, entry)
             entry.held = self.stats.hold(packed, packed.nbytes)
             self.entries.append(entry)
-            if packed.spill is not None:
-                weakref.finalize(packed, self.spill.release)
 
     def reserve(self, nbytes: int, budget: int) -> None:
         """Makes room for nbytes that are about to be held as they are."""
@@ -356,7 +354,7 @@ class Keeper:
             p.version = None  # a copy of its own: nothing else changes it
         if best.held is not None:
             self.stats.resize(best.held, 0)
-            weakref.finalize(p, self.spill.release)
+        weakref.finalize(p, self.spill.release)  # the file empties when no paged save is left
         self.stats.spilled += 1
         self.stats.spilled_bytes += nbytes
         return True

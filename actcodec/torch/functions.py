@@ -71,8 +71,7 @@ def _store(t: torch.Tensor, policy, op: str, layer) -> packing.Packed:
 def _limit():
     """The budget.Budget of the innermost recording, if it has a budget."""
     acc = accounting.current()
-    limit = acc.limit if acc is not None else None
-    return limit if limit is not None and limit.nbytes is not None else None
+    return acc.budgeted() if acc is not None else None
 
 
 def _within(limit, t, packed, setting, op, site) -> None:

@@ -78,6 +78,7 @@ class compress_saved:
         self._handles: list = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._record = None  # accounting.record(self.stats), while inside
+
     @property
     def budget(self) -> int | None:
         """Bytes the step may hold for backward (None: no budget). Settable between steps and
@@ -92,8 +93,8 @@ class compress_saved:
             self.stats.limit.set(value)
 
     def __enter__(self):
-        if self._limit() is not None:
-            self.stats.limit.new_step()
+        if self.stats.budgeted() is not None:
+            self.stats.budgeted().new_step()
         self.policy.next_step()
         stores.new_step(self.store)  # what the steps before no longer need goes back
         reg = torch.nn.modules.module
@@ -112,11 +113,6 @@ class compress_saved:
         self._kept.clear()
         self._record.__exit__(*exc)
         return self._hooks.__exit__(*exc)
-
-    def _limit(self):
-        """The budget.Budget saves go through, if a budget is set."""
-        limit = self.stats.limit
-        return limit if limit is not None and limit.nbytes is not None else None
 
     def _enter_module(self, module, args):
         self._stack.append(module)
@@ -161,7 +157,7 @@ class compress_saved:
                 return packed
         op, layer = self._where(t)
         setting = self.policy.setting(op, layer, nbytes)
-        budget = self._limit()
+        budget = self.stats.budgeted()
         if budget is not None and setting.codec != "keep":
             setting, site = budget.setting_for(op, layer, t, setting)
         t0 = time.perf_counter()
@@ -193,8 +189,8 @@ class compress_saved:
         packed = packed if packed is not None else packing.keep(t.detach())
         self._kept[key] = weakref.ref(packed)
         nbytes = min(t.untyped_storage().nbytes(), _span(t) * t.element_size())
-        if self._limit() is not None:
-            self._limit().reserve(nbytes)
+        if self.stats.budgeted() is not None:
+            self.stats.budgeted().reserve(nbytes)
         self.stats.hold(packed, nbytes)
         return packed
 

@@ -93,8 +93,8 @@ class Packed:
         # until the next unpack or until the graph is freed: memory, never wrong values.)
         self.uses, self._pending, self._decoded, self.on_decode = 1, 0, None, None
         # Under a budget (actcodec.torch.budget): the payload paged out, as (spill file,
-        # where, the Encoded without buffers or a narrowed tensor's (dtype, shape)), and the lock a budget change takes to
-        # re-encode or page it out while backward may be restoring it.
+        # where, the Encoded without buffers or a narrowed tensor's (dtype, shape)), and the
+        # lock a budget change takes to re-encode or page it out while backward restores it.
         self.spill, self.lock = None, None
 
     @property
@@ -237,8 +237,7 @@ def save(ctx, *items) -> None:
     see them); the rest of each Packed rides on ctx."""
     saved, slots = [], []
     acc = accounting.current()
-    limit = acc.limit if acc is not None and acc.limit is not None and \
-        acc.limit.nbytes is not None else None
+    limit = acc.budgeted() if acc is not None else None
     for item in items:
         if limit is not None and isinstance(item, Packed) and item.lock is None and \
                 not item.is_kept:  # a payload or narrowed integers: held through the budget
