@@ -145,8 +145,9 @@ def _configs(text: str) -> list[str]:
 
 def _budget_fraction(name: str) -> int | None:
     """N of a "budget/N" or "budget/N-halved" configuration; None if the name is not one."""
-    n = name[len("budget/"):].removesuffix("-halved") if name.startswith("budget/") else ""
-    return int(n) if n.isdigit() and int(n) >= 1 else None
+    from .memory import budget_divisor
+
+    return budget_divisor(name.removesuffix("-halved"))
 
 
 def main(args) -> int:
@@ -247,7 +248,7 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     from tqdm import tqdm
 
     import actcodec
-    from .memory import CountSaved, peak_rss, reset_peak, rss
+    from .memory import CountSaved, count_saved, peak_rss, reset_peak, rss
     from .torch import Policy, allocator, compress_saved
 
     t_start = time.perf_counter()
@@ -290,10 +291,8 @@ def _worker(name: str, s: dict, data: str, seed: int = 0) -> dict:
     del loss
     budget = None
     if budgeted:  # 1/N of what plain fp32 saves for a training batch, counted on the copy
-        with CountSaved() as counted:  # as the counting pass below: a batch of its own
-            out = warm(x_train[:batch].clone())
-        del out
-        budget = counted.nbytes // _budget_fraction(name)
+        # as the counting pass below: a batch of its own
+        budget = count_saved(lambda m=warm: m(x_train[:batch].clone())) // _budget_fraction(name)
         budgeted_ctx = compress_saved(model=model, budget=budget)
     del warm
     gc.collect()

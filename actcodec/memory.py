@@ -174,6 +174,30 @@ class CountSaved:
         return self._hooks.__exit__(*exc)
 
 
+def count_saved(forward) -> int:
+    """Bytes plain PyTorch saves for backward while `forward()` runs (parameters excluded)."""
+    with CountSaved() as counted:
+        out = forward()
+    del out
+    return counted.nbytes
+
+
+def budget_divisor(name: str) -> int | None:
+    """N of a "budget/N" configuration (a budget of 1/N of what fp32 saves); None if the name
+    is not one."""
+    n = name[len("budget/"):] if name.startswith("budget/") else ""
+    return int(n) if n.isdigit() and int(n) >= 1 else None
+
+
+def budget_context(name: str, model, loss_fn):
+    """For a "budget/N" configuration: compress_saved with a budget of 1/N of what plain fp32
+    saves for loss_fn(model), to enter every step (the budget learns from the steps before)."""
+    import actcodec.torch as act
+
+    budget = count_saved(lambda: loss_fn(model)) // budget_divisor(name)
+    return act.compress_saved(model=model, budget=budget)
+
+
 # ---- models ----
 
 def cnn(batch: int = 32, size: int = 64, width: int = 64):
@@ -314,13 +338,9 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
     if name == "checkpoint":
         enable_checkpointing(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    if name.startswith("budget/"):  # 1/N of what plain fp32 saves, in one context all along
-        with CountSaved() as counted:
-            loss = loss_fn(model)
-        del loss
-        budget = counted.nbytes // int(name[len("budget/"):])
-        ctx = act.compress_saved(model=model, budget=budget)
-        policy, contexts = ctx.policy, lambda: ctx
+    if budget_divisor(name) is not None:  # one context all along
+        ctx = budget_context(name, model, loss_fn)
+        budget, policy, contexts = ctx.budget, ctx.policy, lambda: ctx
     else:
         budget = None
         policy = None if name in ("fp32", "checkpoint") else act.Policy.preset(name)
@@ -354,10 +374,7 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
            "peak_live": sampler.peak_live, "step_ms": statistics.median(times) * 1e3,
            "budget": budget}
     if policy is None:
-        with CountSaved() as counted:
-            loss = loss_fn(model)
-        del loss
-        out["saved_bytes"] = counted.nbytes
+        out["saved_bytes"] = count_saved(lambda: loss_fn(model))
     else:
         out["saved_bytes"] = max(held)
     return out
@@ -447,7 +464,7 @@ def main(args) -> int:
     for c in configs:  # a clear error for an unknown name, before any worker runs
         name = c.partition("+")[0]
         if name.startswith("budget/"):
-            if not name[len("budget/"):].isdigit() or int(name[len("budget/"):]) < 1:
+            if budget_divisor(name) is None:
                 raise SystemExit(f"--configs: {c!r}: budget/N takes a whole N >= 1")
         elif name not in ("fp32", "checkpoint"):
             Policy.preset(name)

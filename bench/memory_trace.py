@@ -88,10 +88,7 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
     import actcodec.torch as act
 
     if config.startswith("budget/"):  # 1/N of what fp32 saves, one context all along
-        with memory.CountSaved() as counted:
-            loss = loss_fn(model)
-        del loss
-        budgeted = act.compress_saved(model=model, budget=counted.nbytes // int(config[7:]))
+        budgeted = memory.budget_context(config, model, loss_fn)
 
     def context():
         if config in ("fp32", "checkpoint"):

@@ -35,12 +35,9 @@ def _context(name: str, model, loss_fn):
     import actcodec.torch as act
 
     if name.startswith("budget/"):  # a budget of 1/N of what plain fp32 saves
-        from actcodec.memory import CountSaved
+        from actcodec.memory import budget_context
 
-        with CountSaved() as counted:
-            loss = loss_fn(model)
-        del loss
-        return act.compress_saved(model=model, budget=counted.nbytes // int(name[7:]))
+        return budget_context(name, model, loss_fn)
     return act.compress_saved(act.Policy.preset(name), model=model)
 
 
