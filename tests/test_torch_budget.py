@@ -18,14 +18,13 @@ from test_torch_hooks import MODELS, cnn, grads  # noqa: E402
 
 @pytest.mark.parametrize("text,nbytes", [
     ("256MiB", 256 << 20), ("1.5GB", 1_500_000_000), ("512 KiB", 512 << 10), ("4096", 4096),
-    ("2g", 2 << 30), (4096, 4096), (np.int64(7), 7), (None, None)])
+    ("2g", 2 << 30), (4096, 4096), (np.int64(7), 7), ("0", 0), (None, None)])
 def test_budgets_read_as_bytes(text, nbytes):
     assert budgets.parse_bytes(text) == nbytes
 
 
 @pytest.mark.parametrize("bad,error", [
-    ("lots", ValueError), ("12 parsecs", ValueError), ("-5MiB", ValueError), (0, ValueError),
-    (-1, ValueError), (True, TypeError), (1.5, TypeError), ([1], TypeError)])
+    ("lots", ValueError), ("12 parsecs", ValueError), ("-5MiB", ValueError), (-1, ValueError), (True, TypeError), (1.5, TypeError), ([1], TypeError)])
 def test_bad_budgets_are_refused(bad, error):
     with pytest.raises(error, match="budget"):
         budgets.parse_bytes(bad)
@@ -93,6 +92,21 @@ def test_paged_out_payloads_come_back_exactly(monkeypatch):
     del loss
     gc.collect()
     assert ctx.stats.limit.keeper.spill.live == 0 and ctx.stats.limit.keeper.spill.end == 0  # the file emptied
+
+
+@pytest.mark.parametrize("make,inputs", MODELS, ids=["cnn", "transformer"])
+def test_a_budget_of_zero_holds_nothing_and_changes_no_bits(make, inputs):
+    # Every save is paged out at the policy's bits as it comes: nothing re-encoded, nothing
+    # held, and the gradients those of the same policy without a budget, bit for bit.
+    model, x = make(), inputs()
+    policy = Policy(bits=8, min_bytes=0)
+    unbudgeted = grads(model, x, compress_saved(policy))
+    ctx = compress_saved(policy, budget=0)
+    for _ in range(2):
+        got = grads(model, x, ctx)
+        assert ctx.stats.peak_stored_bytes == 0 and ctx.stats.over_budget == 0
+        assert ctx.stats.reencoded == 0 and ctx.stats.spilled > 0
+        assert torch.equal(got, unbudgeted)
 
 
 def test_shapes_that_change_stay_within_the_budget():

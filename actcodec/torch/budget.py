@@ -21,7 +21,8 @@ step hold more bytes for backward than the budget (`stats.peak_stored_bytes`).
   that lose least per byte freed are re-encoded a step down, to MIN_BITS at most; when that is
   not enough, the least important per byte are paged out to a temporary file and read back in
   backward (PORT/POET-style paging). Lowering `ctx.budget`, from any thread, makes room at
-  once the same way.
+  once the same way. A budget of 0 holds nothing in memory: every save is paged out as it
+  comes, at the policy's bits (fewer bits would free no memory).
 
 Tensors kept as they are (smaller than the policy's `min_bytes`, or a kind no codec takes)
 count toward the budget but are neither re-encoded nor paged out; `stats.over_budget` counts
@@ -68,7 +69,8 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20
 
 
 def parse_bytes(budget) -> int | None:
-    """A budget as bytes: an int, or a string such as "256MiB", "1.5 GB", "4096"; None: none."""
+    """A budget as bytes: an int, or a string such as "256MiB", "1.5 GB", "4096"; None: none;
+    0: nothing held in memory."""
     if budget is None:
         return None
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer, str)):
@@ -82,8 +84,8 @@ def parse_bytes(budget) -> int | None:
         value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
         value = int(budget)
-    if value <= 0:
-        raise ValueError(f"budget must be positive, got {budget!r}")
+    if value < 0:
+        raise ValueError(f"budget must be 0 or more bytes, got {budget!r}")
     return value
 
 
@@ -297,7 +299,8 @@ class Keeper:
             if self.stats.stored_bytes + extra <= budget:
                 return
             pool = self.entries + ([new] if new is not None else [])
-            if not (self._reencode_one(pool) or self._page_out_one(pool)):
+            # With no room at all, fewer bits cannot make anything fit: page out.
+            if not ((budget > 0 and self._reencode_one(pool)) or self._page_out_one(pool)):
                 self.stats.over_budget += 1
                 return
 
@@ -411,7 +414,8 @@ class Budget:
         st.peak_stored_bytes = st.stored_bytes
         if replan:
             room = int(self.nbytes * (1 - MARGIN)) - st.stored_bytes - self.fixed_bytes
-            self.plan = plan(self.sites, max(room, 0)) if self.sites else {}
+            # At 0 every save is paged out: the policy's bits, since fewer free no memory.
+            self.plan = plan(self.sites, max(room, 0)) if self.sites and self.nbytes else {}
             self.planned_for = (self.nbytes, set(self.sites))
         self.ordinals, self.fixed_bytes = {}, 0
 

@@ -57,7 +57,8 @@ class compress_saved:
     budget (bytes, or a string such as "256MiB"): what the step holds for backward never
     exceeds it; the bits of each save are planned from the steps before (enter the same
     context every step), and what does not fit is re-encoded at fewer bits or paged out to a
-    temporary file in `spill_dir` (actcodec.torch.budget). Without a policy, groups of 64."""
+    temporary file in `spill_dir` (actcodec.torch.budget); 0 pages every save out. Without a
+    policy, 8 bits in groups of 64."""
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
                  store=packing.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
