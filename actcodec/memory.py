@@ -189,12 +189,21 @@ def budget_divisor(name: str) -> int | None:
     return int(n) if n.isdigit() and int(n) >= 1 else None
 
 
+OFFLOAD = "offload"  # a budget of 0: every save paged out, nothing held in memory for backward
+
+
+def is_budget(name: str) -> bool:
+    """Whether a configuration runs under a budget: budget/N, or offload (a budget of 0)."""
+    return name == OFFLOAD or budget_divisor(name) is not None
+
+
 def budget_context(name: str, model, loss_fn):
-    """For a "budget/N" configuration: compress_saved with a budget of 1/N of what plain fp32
-    saves for loss_fn(model), to enter every step (the budget learns from the steps before)."""
+    """For a budget configuration: compress_saved with a budget of 1/N of what plain fp32 saves
+    for loss_fn(model) ("budget/N"), or of 0 ("offload"), to enter every step (the budget
+    learns from the steps before)."""
     import actcodec.torch as act
 
-    budget = count_saved(lambda: loss_fn(model)) // budget_divisor(name)
+    budget = 0 if name == OFFLOAD else count_saved(lambda: loss_fn(model)) // budget_divisor(name)
     return act.compress_saved(model=model, budget=budget)
 
 
@@ -338,7 +347,7 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
     if name == "checkpoint":
         enable_checkpointing(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    if budget_divisor(name) is not None:  # one context all along
+    if is_budget(name):  # one context all along
         ctx = budget_context(name, model, loss_fn)
         budget, policy, contexts = ctx.budget, ctx.policy, lambda: ctx
     else:
@@ -416,20 +425,30 @@ def format_table(results: list[dict]) -> str:
 
 def budget_lines(results: list[dict]) -> list[str]:
     """For each budget run: its peak RSS above the plain run's floor (its live bytes before a
-    measured step, same allocator: parameters, gradients, libraries), the budget, and the
-    rest (what the ops need besides what is held for backward)."""
-    plain = {r["config"].partition("+")[2]: r for r in results
-             if r["config"].partition("+")[0] == "fp32"}
+    measured step, same allocator: parameters, gradients, libraries) = the budget + the rest.
+    With an offload run beside it (same allocator), the ops' working set as RSS sees it: the
+    peak above the floor of a step that holds nothing in memory for backward, so that the
+    budget's cost is its peak RSS over offload's, at most the budget when it is kept."""
+    def by_name(name):
+        return {r["config"].partition("+")[2]: r for r in results
+                if r["config"].partition("+")[0] == name}
+    plain, offload = by_name("fp32"), by_name(OFFLOAD)
     out = []
     for r in results:
-        base = plain.get(r["config"].partition("+")[2])
+        allocator = r["config"].partition("+")[2]
+        base = plain.get(allocator)
         if r.get("budget") is None or base is None or base.get("floor_live") is None:
             continue
         above = r["peak_rss"] - base["floor_live"]
-        out.append(f"{r['config']}: budget {r['budget'] / MiB:.0f} MiB, held at most "
-                   f"{r['saved_bytes'] / MiB:.0f}; peak RSS above the plain floor "
-                   f"{above / MiB:.0f} MiB = the budget + {(above - r['budget']) / MiB:.0f} "
-                   f"(the ops' tensors in flight)")
+        line = (f"{r['config']}: budget {r['budget'] / MiB:.0f} MiB, held at most "
+                f"{r['saved_bytes'] / MiB:.0f}; peak RSS above the plain floor "
+                f"{above / MiB:.0f} MiB = the budget + {(above - r['budget']) / MiB:.0f}")
+        nothing = offload.get(allocator)
+        if nothing is not None and nothing is not r:
+            working = nothing["peak_rss"] - base["floor_live"]
+            line += (f"; the ops' working set (offload's peak above the floor) {working / MiB:.0f}"
+                     f" MiB, so budget + working set {(r['budget'] + working) / MiB:.0f} MiB")
+        out.append(line)
     return out
 
 
@@ -438,7 +457,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "returning (model, loss_fn) (default cnn)")
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma-separated (default {DEFAULT_CONFIGS}): fp32, checkpoint, a "
-                        "Policy preset, or budget/N (a budget of 1/N of what fp32 saves); "
+                        "Policy preset, budget/N (a budget of 1/N of what fp32 saves), offload "
+                        "(a budget of 0: every save paged out); "
                         "'+store': actcodec's torch allocator installed")
     p.add_argument("--steps", type=int, default=3, help="measured steps after the warm-up")
     p.add_argument("--warm-up", type=int, default=1,
@@ -466,7 +486,7 @@ def main(args) -> int:
         if name.startswith("budget/"):
             if budget_divisor(name) is None:
                 raise SystemExit(f"--configs: {c!r}: budget/N takes a whole N >= 1")
-        elif name not in ("fp32", "checkpoint"):
+        elif name not in ("fp32", "checkpoint", OFFLOAD):
             Policy.preset(name)
     if args.warm_up < 1:
         raise SystemExit("--warm-up: at least 1 step")

@@ -6,7 +6,8 @@ bytes in mmapped chunks) and actcodec's store, and prints the trace and its peak
     python bench/memory_trace.py --model gpt2 --config 2bit [--steps 3] [--gpt2 batch=8,seq=512]
                                  [--allocator]
 
---config: fp32, checkpoint, a Policy preset, or budget/N (a budget of 1/N of fp32's saves).
+--config: fp32, checkpoint, a Policy preset, budget/N (a budget of 1/N of fp32's saves), or
+offload (a budget of 0).
 
 Live bytes are RSS less what the allocators hold free (glibc's free heap chunks, the store's
 unused pages: actcodec.memory.live); a sampling thread reads them every 2 ms besides, for the
@@ -87,13 +88,13 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
 
     import actcodec.torch as act
 
-    if config.startswith("budget/"):  # 1/N of what fp32 saves, one context all along
+    if memory.is_budget(config):  # one context all along
         budgeted = memory.budget_context(config, model, loss_fn)
 
     def context():
         if config in ("fp32", "checkpoint"):
             return contextlib.nullcontext()
-        if config.startswith("budget/"):
+        if memory.is_budget(config):
             return budgeted
         return act.compress_saved(act.Policy.preset(config), model=model)
 

@@ -34,10 +34,10 @@ def _context(name: str, model, loss_fn):
         return contextlib.nullcontext()
     import actcodec.torch as act
 
-    if name.startswith("budget/"):  # a budget of 1/N of what plain fp32 saves
-        from actcodec.memory import budget_context
+    from actcodec import memory
 
-        return budget_context(name, model, loss_fn)
+    if memory.is_budget(name):  # a budget of 1/N of what plain fp32 saves, or 0
+        return memory.budget_context(name, model, loss_fn)
     return act.compress_saved(act.Policy.preset(name), model=model)
 
 
