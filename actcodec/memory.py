@@ -333,7 +333,7 @@ def _measure_from_here(sampler) -> tuple:
 
 
 def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
-            warm_up: int = 1) -> dict:
+            warm_up: int = 1, threshold: int | None = None) -> dict:
     import torch
 
     import actcodec.torch as act
@@ -341,7 +341,7 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
     torch.set_num_threads(threads)
     name, _, store = config.partition("+")
     if store:
-        act.allocator.install()
+        act.allocator.install(threshold or act.allocator.THRESHOLD)
     model, loss_fn = build(spec, sizes)
     model.train()
     if name == "checkpoint":
@@ -396,6 +396,8 @@ def _run_worker(args, config: str) -> dict:
                "--steps", str(args.steps), "--warm-up", str(args.warm_up),
                "--threads", str(args.threads),
                "--sizes", args.sizes, "--worker", config, "--result", path]
+        if args.threshold is not None:
+            cmd += ["--threshold", str(args.threshold)]
         proc = subprocess.run(cmd)
         if proc.returncode != 0:
             raise SystemExit(f"the {config} worker failed (exit {proc.returncode})")
@@ -465,6 +467,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="steps before the measured ones (a budget plans from its first step, "
                         "the store from the step before)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threshold", type=int,
+                   help="'+store': the smallest tensor in bytes actcodec's allocator serves "
+                        "(default actcodec.torch.allocator.THRESHOLD, 1 MiB; smaller ones stay "
+                        "in glibc's heap)")
     p.add_argument("--sizes", default="", help="the model's sizes, e.g. batch=8,seq=512")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -474,7 +480,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.sizes.split(",") if kv)}
     if args.worker:
-        result = _worker(args.model, args.worker, args.steps, sizes, args.threads, args.warm_up)
+        result = _worker(args.model, args.worker, args.steps, sizes, args.threads, args.warm_up,
+                         args.threshold)
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
@@ -490,9 +497,12 @@ def main(args) -> int:
             Policy.preset(name)
     if args.warm_up < 1:
         raise SystemExit("--warm-up: at least 1 step")
+    if args.threshold is not None and args.threshold < 1:
+        raise SystemExit("--threshold: at least 1 byte")
     print(f"actcodec memory: {args.model} {args.sizes or '(default sizes)'}, {args.steps} steps "
           f"after {args.warm_up} warm-up step{'s' * (args.warm_up > 1)}, {args.threads} threads, "
-          f"each configuration in a fresh process",
+          f"each configuration in a fresh process"
+          + (f", '+store' from {args.threshold} bytes" if args.threshold is not None else ""),
           flush=True)
     results = []
     for c in configs:
@@ -510,5 +520,6 @@ def main(args) -> int:
           "allocator.")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "sizes": sizes, "results": results}, f, indent=1)
+            json.dump({"model": args.model, "sizes": sizes, "threshold": args.threshold,
+                       "results": results}, f, indent=1)
     return 0
