@@ -223,3 +223,13 @@ def test_converted_modules_page_out_exactly(monkeypatch):
     assert torch.equal(_converted_grads(model, x, acc), exact)
     kept = 2 * (16 + 32) * 4  # the batch norms' saved means and inverse stds, kept as they are
     assert acc.spilled > 0 and acc.peak_stored_bytes <= kept and acc.over_budget > 0
+
+
+def test_converted_modules_under_a_budget_of_zero_change_no_bits():
+    model, x = convert(cnn(), Policy(bits=8, min_bytes=0)), torch.randn(8, 3, 32, 32)
+    unbudgeted = _converted_grads(model, x, Accounting())
+    acc = Accounting(budget=0)
+    for _ in range(2):
+        assert torch.equal(_converted_grads(model, x, acc), unbudgeted)
+        kept = 2 * (16 + 32) * 4  # the batch norms' saved means and inverse stds, as they are
+        assert acc.reencoded == 0 and acc.spilled > 0 and acc.peak_stored_bytes <= kept
