@@ -405,9 +405,14 @@ def _run_worker(args, config: str) -> dict:
             return json.load(f)
 
 
+def _runs_of(results: list[dict], name: str) -> dict:
+    """The runs of configuration `name` by allocator ("" or "store")."""
+    return {r["config"].partition("+")[2]: r for r in results
+            if r["config"].partition("+")[0] == name}
+
+
 def format_table(results: list[dict]) -> str:
-    plain = {r["config"].partition("+")[2]: r for r in results
-             if r["config"].partition("+")[0] == "fp32"}
+    plain = _runs_of(results, "fp32")
     head = ["config", "saved MiB/step", "peak RSS MiB", "peak live MiB", "RSS / live",
             "step ms", "measured / computed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -431,10 +436,7 @@ def budget_lines(results: list[dict]) -> list[str]:
     With an offload run beside it (same allocator), the ops' working set as RSS sees it: the
     peak above the floor of a step that holds nothing in memory for backward, so that the
     budget's cost is its peak RSS over offload's, at most the budget when it is kept."""
-    def by_name(name):
-        return {r["config"].partition("+")[2]: r for r in results
-                if r["config"].partition("+")[0] == name}
-    plain, offload = by_name("fp32"), by_name(OFFLOAD)
+    plain, offload = _runs_of(results, "fp32"), _runs_of(results, OFFLOAD)
     out = []
     for r in results:
         allocator = r["config"].partition("+")[2]

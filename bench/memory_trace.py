@@ -34,10 +34,13 @@ def sample(label: str, ctx=None) -> dict:
     out = {"t": time.perf_counter(), "at": label, "rss": memory.rss(), "live": memory.live(),
            "stored": getattr(getattr(ctx, "stats", None), "stored_bytes", 0)}
     out.update(memory.heap() or {})
-    made = [x.stats() for x in stores.made()]
-    out.update(store_mapped=sum(st["mapped_bytes"] for st in made),
-               store_used=sum(st["used_bytes"] for st in made))
+    out.update(store_mapped=store_bytes("mapped_bytes"), store_used=store_bytes("used_bytes"))
     return out
+
+
+def store_bytes(key: str) -> int:
+    """One of Store.stats()'s byte counts, over the process's stores."""
+    return sum(x.stats()[key] for x in stores.made())
 
 
 def blocks_of(model):
@@ -63,8 +66,7 @@ class PeakSampler(memory.Sampler):
     def run(self):
         while not self.stop.is_set():
             if self.on:
-                self.store_used = max(self.store_used, sum(
-                    x.stats()["used_bytes"] for x in stores.made()))
+                self.store_used = max(self.store_used, store_bytes("used_bytes"))
                 now = memory.live()
                 if now > self.peak_live:
                     stored = getattr(getattr(self.ctx[0], "stats", None), "stored_bytes", 0)
@@ -140,7 +142,7 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
         trace.append({"step": s, **sample("loss")})
         loss.backward()
         trace.append({"step": s, **sample("after backward"),
-                      "store_peak": sum(x.stats()["peak_used_bytes"] for x in stores.made())})
+                      "store_peak": store_bytes("peak_used_bytes")})
         opt.step()
         opt.zero_grad(set_to_none=True)
         if c is not None and hasattr(c, "stats"):
@@ -163,7 +165,7 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
     return {"model": model_name, "config": config, "sizes": sizes, "floor_rss": floor,
             "peak_rss": memory.peak_rss(), "peak_live": peak_live, "peak_at": peak_at,
             "peak_heap": max(r.get("heap", 0) for r in later), "stats": stats, "trace": trace,
-            "store_mapped": sum(x.stats()["mapped_bytes"] for x in stores.made()),
+            "store_mapped": store_bytes("mapped_bytes"),
             "store_used_sampled": sampler.store_used}
 
 
