@@ -123,11 +123,20 @@ static void reset_tests(void) {
     report(u.mapped_bytes == (1u << 20) && u.used_bytes == (1u << 20),
            "at its end the store keeps what it needed (%zu mapped)", u.mapped_bytes);
 #if defined(__linux__)
+    /* The kernel may keep a transparent huge page whole while part of it is in use, so the
+     * pages checked are those from the first 2 MiB boundary past the kept block. */
     unsigned char pages[2048]; /* one byte per page of the 8 MiB */
-    int resident = 0;
+    uintptr_t kept_end = (uintptr_t)p[0] + (1u << 20), huge = 2u << 20;
+    int first = (int)((((kept_end + huge - 1) & ~(uintptr_t)(huge - 1)) - (uintptr_t)p[0]) / PAGE);
+    int resident = 0, first_resident = -1;
     if (mincore(p[0], 8u << 20, pages) == 0) {
-        for (int i = 256; i < 2048; i++) resident += pages[i] & 1;
-        report(resident == 0, "the pages given back are not resident (%d are)", resident);
+        for (int i = first; i < 2048; i++) {
+            if ((pages[i] & 1) && first_resident < 0) first_resident = i;
+            resident += pages[i] & 1;
+        }
+        report(first <= 512 && resident == 0,
+               "the pages given back from page %d on are not resident (%d are, from page %d)",
+               first, resident, first_resident);
     } else { /* qemu-user has no mincore */
         printf("mincore: %s, residency not checked\n", strerror(errno));
     }
