@@ -42,7 +42,9 @@ def _build():
 def install(threshold: int = THRESHOLD, store=None) -> None:
     """Route torch's CPU allocations of at least `threshold` bytes to `store` (default: the
     process's store, which holds compress_saved's payloads too). The first install fixes the
-    store; a later one may change the threshold."""
+    store; a later one may change the threshold. compress_saved ends a store period at each
+    step; training without it calls `actcodec.store.new_step(None)` at each step's start, or
+    the store keeps the pages of its largest step."""
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ValueError(f"threshold must be a positive int, got {threshold!r}")
     with _LOCK:
