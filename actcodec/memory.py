@@ -337,6 +337,7 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
     import torch
 
     import actcodec.torch as act
+    from actcodec import store as act_store
 
     torch.set_num_threads(threads)
     name, _, store = config.partition("+")
@@ -361,6 +362,8 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
     for step in range(warm_up + steps):  # warm-up: lazy state, first allocations, a plan
         t0 = time.perf_counter()
         if policy is None:
+            if store:  # no compress_saved to end the store's period: the user's call
+                act_store.new_step(None)
             if step == warm_up:
                 floor, floor_live, warm_up_peak = _measure_from_here(sampler)
             loss = loss_fn(model)

@@ -53,6 +53,10 @@ def step(model, loss_fn, name, ctx):
         from actcodec.torch import allocator
 
         allocator.install()
+        if base in ("fp32", "checkpoint"):  # no compress_saved to end the store's period
+            from actcodec import store as stores
+
+            stores.new_step(None)
     try:
         with ctx:
             loss = loss_fn(model)
