@@ -134,7 +134,7 @@ static void reset_tests(void) {
             if ((pages[i] & 1) && first_resident < 0) first_resident = i;
             resident += pages[i] & 1;
         }
-        report(first <= 512 && resident == 0,
+        report(resident == 0,
                "the pages given back from page %d on are not resident (%d are, from page %d)",
                first, resident, first_resident);
     } else { /* qemu-user has no mincore */
