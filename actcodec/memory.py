@@ -189,12 +189,22 @@ def budget_divisor(name: str) -> int | None:
     return int(n) if n.isdigit() and int(n) >= 1 else None
 
 
+PLAIN = ("fp32", "checkpoint")  # torch saves what it saves; no compress_saved
 OFFLOAD = "offload"  # a budget of 0: every save paged out, nothing held in memory for backward
 
 
 def is_budget(name: str) -> bool:
     """Whether a configuration runs under a budget: budget/N, or offload (a budget of 0)."""
     return name == OFFLOAD or budget_divisor(name) is not None
+
+
+def new_plain_step(name: str, allocator: bool) -> None:
+    """At a step's start: a plain configuration with actcodec's allocator ends the store's
+    period itself (actcodec.store.new_step), since no compress_saved does."""
+    if allocator and name in PLAIN:
+        from . import store
+
+        store.new_step(None)
 
 
 def budget_context(name: str, model, loss_fn):
@@ -337,7 +347,6 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
     import torch
 
     import actcodec.torch as act
-    from actcodec import store as act_store
 
     torch.set_num_threads(threads)
     name, _, store = config.partition("+")
@@ -353,7 +362,7 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
         budget, policy, contexts = ctx.budget, ctx.policy, lambda: ctx
     else:
         budget = None
-        policy = None if name in ("fp32", "checkpoint") else act.Policy.preset(name)
+        policy = None if name in PLAIN else act.Policy.preset(name)
         contexts = lambda: act.compress_saved(policy, model=model)  # noqa: E731
     sampler = Sampler()
     sampler.start()
@@ -362,8 +371,7 @@ def _worker(spec: str, config: str, steps: int, sizes: dict, threads: int,
     for step in range(warm_up + steps):  # warm-up: lazy state, first allocations, a plan
         t0 = time.perf_counter()
         if policy is None:
-            if store:  # no compress_saved to end the store's period: the user's call
-                act_store.new_step(None)
+            new_plain_step(name, bool(store))
             if step == warm_up:
                 floor, floor_live, warm_up_peak = _measure_from_here(sampler)
             loss = loss_fn(model)
@@ -498,7 +506,7 @@ def main(args) -> int:
         if name.startswith("budget/"):
             if budget_divisor(name) is None:
                 raise SystemExit(f"--configs: {c!r}: budget/N takes a whole N >= 1")
-        elif name not in ("fp32", "checkpoint", OFFLOAD):
+        elif name not in (*PLAIN, OFFLOAD):
             Policy.preset(name)
     if args.warm_up < 1:
         raise SystemExit("--warm-up: at least 1 step")

@@ -96,7 +96,7 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
         budgeted = memory.budget_context(config, model, loss_fn)
 
     def context():
-        if config in ("fp32", "checkpoint"):
+        if config in memory.PLAIN:
             return contextlib.nullcontext()
         if memory.is_budget(config):
             return budgeted
@@ -130,10 +130,7 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
     sampler.start()
     for s in range(steps):
         step_no[0] = s
-        if allocator and config in ("fp32", "checkpoint"):  # nothing else ends the period
-            from actcodec import store as stores
-
-            stores.new_step(None)
+        memory.new_plain_step(config, allocator)
         if s == 1:  # the floor: after one step, libraries warm
             floor = memory.rss()
             memory.reset_peak()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from actcodec import memory
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
 
@@ -30,11 +32,9 @@ import clients  # noqa: E402
 def _context(name: str, model, loss_fn):
     """The context one configuration runs every step in (made once: a budget learns from the
     steps before)."""
-    if name in ("fp32", "checkpoint"):
+    if name in memory.PLAIN:
         return contextlib.nullcontext()
     import actcodec.torch as act
-
-    from actcodec import memory
 
     if memory.is_budget(name):  # a budget of 1/N of what plain fp32 saves, or 0
         return memory.budget_context(name, model, loss_fn)
@@ -53,10 +53,7 @@ def step(model, loss_fn, name, ctx):
         from actcodec.torch import allocator
 
         allocator.install()
-        if base in ("fp32", "checkpoint"):  # no compress_saved to end the store's period
-            from actcodec import store as stores
-
-            stores.new_step(None)
+        memory.new_plain_step(base, True)
     try:
         with ctx:
             loss = loss_fn(model)

@@ -24,7 +24,8 @@ def test_budgets_read_as_bytes(text, nbytes):
 
 
 @pytest.mark.parametrize("bad,error", [
-    ("lots", ValueError), ("12 parsecs", ValueError), ("-5MiB", ValueError), (-1, ValueError), (True, TypeError), (1.5, TypeError), ([1], TypeError)])
+    ("lots", ValueError), ("12 parsecs", ValueError), ("-5MiB", ValueError), (-1, ValueError),
+    (True, TypeError), (1.5, TypeError), ([1], TypeError)])
 def test_bad_budgets_are_refused(bad, error):
     with pytest.raises(error, match="budget"):
         budgets.parse_bytes(bad)
