@@ -14,7 +14,10 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-C_SOURCES = sorted(glob(os.path.join("csrc", "*.c")))
+# csrc/include holds the public header; the kernels (codecs/), the store (store/) and what they
+# share (runtime/) reach each other's private headers by relative path.
+C_SOURCES = sorted(glob(os.path.join("csrc", "**", "*.c"), recursive=True))
+C_HEADERS = sorted(glob(os.path.join("csrc", "**", "*.h"), recursive=True))
 
 
 def _compiler_accepts(compiler, flag):
@@ -55,7 +58,8 @@ extensions = [
     Extension(
         "actcodec._ext",
         sources=["actcodec/_ext.pyx"] + C_SOURCES,
-        include_dirs=["csrc"],
+        include_dirs=[os.path.join("csrc", "include")],
+        depends=C_HEADERS,  # rebuilds when a header changes; puts the headers in the sdist
     )
 ]
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "actcodec.h"
-#include "kernels.h"
+#include "../../csrc/runtime/kernels.h"
 
 #define HARNESS_SEED 0x243F6A8885A308D3ull
 #include "harness.h"

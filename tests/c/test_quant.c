@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "actcodec.h"
-#include "kernels.h"
+#include "../../csrc/runtime/kernels.h"
 
 #define HARNESS_SEED 0x452821E638D01377ull
 #include "harness.h"

@@ -1,4 +1,4 @@
-/* Standalone C tests for the activation store (csrc/store.c), no Python: blocks are page
+/* Standalone C tests for the activation store (csrc/store/store.c), no Python: blocks are page
  * aligned and never overlap (each is filled with its own pattern and checked before it goes);
  * freed pages are reused first-fit; shrink gives the tail back; a block larger than the
  * reservation gets a region of its own; a step's pages stay mapped for the next one, and a
@@ -20,7 +20,7 @@
 
 #define HARNESS_SEED 0x13198A2E03707344ull
 #include "harness.h"
-#include "store_plan.h"
+#include "../../csrc/store/store_plan.h"
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif

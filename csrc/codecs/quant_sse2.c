@@ -3,7 +3,7 @@
  * bfloat16 and float64 conversions. float16 stays scalar: SSE2 has no conversion for it.
  * SSE2 lacks a 32-bit low multiply, so the stochastic-rounding hash builds one from pmuludq.
  * x86-64 only. */
-#include "kernels.h"
+#include "../runtime/kernels.h"
 
 #if defined(__x86_64__)
 #include <emmintrin.h>

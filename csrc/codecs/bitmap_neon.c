@@ -2,7 +2,7 @@
  * compare results, ANDed with per-lane bit weights and summed across, give the bitmap byte;
  * tbl with a byte-shuffle row indexed by it left-packs (encode) or scatters (decode) each
  * 16-byte vector. Little-endian AArch64 only. */
-#include "kernels.h"
+#include "../runtime/kernels.h"
 
 /* The lane reinterprets assume little-endian element order. */
 #if defined(__aarch64__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__

@@ -5,9 +5,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kernels.h"
+#include "../runtime/kernels.h"
 #include "quant_common.h"
-#include "threads.h"
+#include "../runtime/threads.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif

@@ -3,8 +3,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kernels.h"
-#include "threads.h"
+#include "../runtime/kernels.h"
+#include "../runtime/threads.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif

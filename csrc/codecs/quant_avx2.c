@@ -3,7 +3,7 @@
  * dtype conversions (F16C for float16). x86-64 only. Every function carries its own target
  * attribute, without FMA so a multiply and an add are never fused; the file builds without
  * -mavx2 and nothing here runs unless dispatch.c has seen AVX2, POPCNT and F16C. */
-#include "kernels.h"
+#include "../runtime/kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

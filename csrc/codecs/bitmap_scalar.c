@@ -1,6 +1,6 @@
 /* Portable scalar bitmap kernels: the reference every SIMD path must match byte for byte. */
 #include <string.h>
-#include "kernels.h"
+#include "../runtime/kernels.h"
 #include "bitmap_loops.h"
 
 /* Branch-free compaction: always store, advance only for nonzero. Loads and stores go

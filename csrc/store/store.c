@@ -18,7 +18,7 @@
 #include <string.h>
 #include "actcodec.h"
 #include "store_plan.h"
-#include "threads.h"
+#include "../runtime/threads.h"
 #if defined(_WIN32)
 #include <windows.h>
 #else

@@ -1,7 +1,7 @@
 /* Portable scalar quantization kernels: the statement of the math (actcodec.h) that every
  * SIMD path must reproduce bit for bit. */
 #include <math.h>
-#include "kernels.h"
+#include "../runtime/kernels.h"
 #include "quant_common.h"
 #include "quant_simd.h"
 

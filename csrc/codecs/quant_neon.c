@@ -2,7 +2,7 @@
  * quantize (16 codes per store), dequantize, bit packing with shift-and-insert, and the
  * float16 / bfloat16 / float64 conversions. Separate multiply and add intrinsics stay
  * separate instructions under ISO C (no contraction). Little-endian AArch64 only. */
-#include "kernels.h"
+#include "../runtime/kernels.h"
 
 /* The lane reinterprets assume little-endian element order. */
 #if defined(__aarch64__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__

@@ -3,7 +3,7 @@
  * (decode) the lanes in one permute. x86-64 only. Every function carries its own target
  * attribute, so the file builds without -mavx2 and nothing here runs unless dispatch.c has
  * seen AVX2 and POPCNT on the CPU. */
-#include "kernels.h"
+#include "../runtime/kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -1,7 +1,7 @@
 /* SSE2 bitmap kernels (the x86-64 baseline, so no target attributes). SSE2 has no variable
  * shuffle, so only the tests are vector code: compare + movemask give each bitmap byte, and
  * compaction / expansion are branch-free scalar loops over its 8 elements. x86-64 only. */
-#include "kernels.h"
+#include "../runtime/kernels.h"
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
