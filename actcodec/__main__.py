@@ -1,6 +1,7 @@
 """Command line: ``python -m actcodec info`` prints the SIMD table and self-checks every path;
 ``python -m actcodec demo`` trains a small CNN under each way of storing activations;
-``python -m actcodec memory`` reports a model's peak memory, plain and compressed."""
+``python -m actcodec memory`` reports a model's peak memory, plain and compressed (both apps
+live in actcodec.apps, on the library's public API)."""
 from __future__ import annotations
 
 import argparse
@@ -57,27 +58,27 @@ def cmd_info(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from . import demo
+    from .apps import demo
 
     return demo.main(args)
 
 
 def cmd_memory(args) -> int:
-    from . import memory
+    from .apps import memory
 
     return memory.main(args)
 
 
 def main(argv=None) -> int:
+    # The apps' command modules hold their options and import nothing heavy: torch and the
+    # rest come in when a command runs (`python -m actcodec info` imports no torch).
+    from .apps import demo, memory
+
     parser = argparse.ArgumentParser(prog="python -m actcodec")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print the SIMD table and self-check every path")
-    from . import demo  # its options only: torch and the rest are imported when it runs
-
     demo.add_arguments(sub.add_parser("demo", help="train a small CNN on digits once per "
                                       "storage of the saved activations; writes demo.md/png"))
-    from . import memory
-
     memory.add_arguments(sub.add_parser("memory", help="a model's peak memory, plain and "
                                         "compressed, each in a fresh process"))
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@ a config, random weights, nothing downloaded), at the sizes the step benchmark t
 builder returns (model, loss_fn) with loss_fn(model) a training loss."""
 from __future__ import annotations
 
-from actcodec.memory import enable_checkpointing, gpt2, resnet  # noqa: F401
+from actcodec.apps.zoo import enable_checkpointing, gpt2, resnet  # noqa: F401
 
 MODELS = ("gpt2", "resnet")
 SIZES = {"gpt2": {"batch": 4, "seq": 256}, "resnet": {"batch": 32, "size": 128}}

@@ -46,8 +46,8 @@ def _row(codec, params, x, kw, threads, rounds, alts=None):
     out = np.empty(x.shape, np.float32 if codec != "mask" else x.dtype)
     if enc.dtype != "float32" and codec != "mask":
         out = np.empty(x.shape, x.dtype)
-    cands = {"copy": harness.copy_into(x), "read": harness.read_input(x, threads),
-             "floor": harness.read_and_write(x, enc.nbytes, threads),
+    cands = {"copy": harness.copy_into(x), "read": harness.read_input(x),
+             "floor": harness.read_and_write(x, enc.nbytes),
              "encode": encode, "decode": lambda: enc.decode(out=out, threads=threads)}
     for label, fns in (alts or {}).items():
         for op, fn in zip(("encode", "decode"), fns):

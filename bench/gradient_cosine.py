@@ -13,7 +13,7 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-from actcodec import demo
+from actcodec.apps import demo_digits
 from actcodec.torch import Policy, compress_saved
 
 
@@ -36,9 +36,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "digits.npz")
-        demo._split_digits(data)
-        x_train, y_train, _, _ = demo._data(data, 32)
-    model = demo._model(16, use_checkpoint=False)
+        demo_digits.split(data)
+        x_train, y_train, _, _ = demo_digits.data(data, 32)
+    model = demo_digits.model(16, use_checkpoint=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(0)
     for _ in range(a.warmup):

@@ -10,13 +10,12 @@ bytes in mmapped chunks) and actcodec's store, and prints the trace and its peak
 offload (a budget of 0).
 
 Live bytes are RSS less what the allocators hold free (glibc's free heap chunks, the store's
-unused pages: actcodec.memory.live); a sampling thread reads them every 2 ms besides, for the
-peaks between block boundaries. --allocator installs actcodec's torch allocator
-(actcodec.torch.allocator) first."""
+unused pages: actcodec.apps.process_memory.live); a sampling thread reads them every 2 ms
+besides, for the peaks between block boundaries. --allocator installs actcodec's torch
+allocator (actcodec.torch.allocator) first."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -24,16 +23,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from actcodec import memory  # noqa: E402
+from actcodec.apps import configs, process_memory  # noqa: E402
 from actcodec import store as stores  # noqa: E402
 
 
 def sample(label: str, ctx=None) -> dict:
     """The process's memory now; `stored`: the bytes ctx (a compress_saved context) holds for
     backward at this moment."""
-    out = {"t": time.perf_counter(), "at": label, "rss": memory.rss(), "live": memory.live(),
+    out = {"t": time.perf_counter(), "at": label, "rss": process_memory.rss(),
+           "live": process_memory.live(),
            "stored": getattr(getattr(ctx, "stats", None), "stored_bytes", 0)}
-    out.update(memory.heap() or {})
+    out.update(process_memory.heap() or {})
     out.update(store_mapped=store_bytes("mapped_bytes"), store_used=store_bytes("used_bytes"))
     return out
 
@@ -55,9 +55,9 @@ def blocks_of(model):
     return found
 
 
-class PeakSampler(memory.Sampler):
-    """memory.Sampler that also notes where the step was (the last block boundary passed) and
-    what the context held for backward when each new peak was read."""
+class PeakSampler(process_memory.Sampler):
+    """process_memory.Sampler that also notes where the step was (the last block boundary
+    passed) and what the context held for backward when each new peak was read."""
 
     def __init__(self, where: list, ctx: list):
         super().__init__()
@@ -67,11 +67,11 @@ class PeakSampler(memory.Sampler):
         while not self.stop.is_set():
             if self.on:
                 self.store_used = max(self.store_used, store_bytes("used_bytes"))
-                now = memory.live()
+                now = process_memory.live()
                 if now > self.peak_live:
                     stored = getattr(getattr(self.ctx[0], "stats", None), "stored_bytes", 0)
                     self.peak_live, self.at_peak = now, (self.where[0], stored,
-                                                         memory.rss() - now)
+                                                         process_memory.rss() - now)
             time.sleep(self.period)
 
 
@@ -90,18 +90,8 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     trace = []
 
-    import actcodec.torch as act
-
-    if memory.is_budget(config):  # one context all along
-        budgeted = memory.budget_context(config, model, loss_fn)
-
-    def context():
-        if config in memory.PLAIN:
-            return contextlib.nullcontext()
-        if memory.is_budget(config):
-            return budgeted
-        return act.compress_saved(act.Policy.preset(config), model=model)
-
+    # plain: none; a budget: one context all along; a preset: a fresh one per step
+    context = configs.step_contexts(config, model, loss_fn)
     if config == "checkpoint":
         clients.enable_checkpointing(model)
     step_no, current = [0], [None]
@@ -130,10 +120,10 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
     sampler.start()
     for s in range(steps):
         step_no[0] = s
-        memory.new_plain_step(config, allocator)
+        configs.new_plain_step(config, allocator)
         if s == 1:  # the floor: after one step, libraries warm
-            floor = memory.rss()
-            memory.reset_peak()
+            floor = process_memory.rss()
+            process_memory.reset_peak()
             sampler.on = True
         trace.append({"step": s, **sample("start")})
         where[0] = "start"
@@ -164,7 +154,7 @@ def run(model_name: str, config: str, steps: int, sizes: dict, allocator: bool =
         peak_at = {"after": top["at"], "stored": top["stored"], "live": top["live"],
                    "free": top["rss"] - top["live"]}
     return {"model": model_name, "config": config, "sizes": sizes, "floor_rss": floor,
-            "peak_rss": memory.peak_rss(), "peak_live": peak_live, "peak_at": peak_at,
+            "peak_rss": process_memory.peak_rss(), "peak_live": peak_live, "peak_at": peak_at,
             "peak_heap": max(r.get("heap", 0) for r in later), "stats": stats, "trace": trace,
             "store_mapped": store_bytes("mapped_bytes"),
             "store_used_sampled": sampler.store_used}

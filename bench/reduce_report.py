@@ -1,5 +1,5 @@
-"""The min/max reductions beside torch.aminmax, numpy and the C core's pass: one row per
-strategy, medians of interleaved rounds on the same array.
+"""The min/max reductions beside torch.aminmax and numpy: one row per strategy, medians of
+interleaved rounds on the same array.
 
     python bench/reduce_report.py [--mib 64] [--rounds 9] [--threads 2]"""
 from __future__ import annotations
@@ -18,7 +18,6 @@ def rows(mib: int = 64, rounds: int = 9, threads: int = 2, dtype: str = "float32
     import numba
     import torch
 
-    from actcodec import _dtypes, _ext
     from actcodec.reduce import STRATEGIES, minmax, strategy_for
 
     numba.set_num_threads(threads)
@@ -30,15 +29,13 @@ def rows(mib: int = 64, rounds: int = 9, threads: int = 2, dtype: str = "float32
     for s in STRATEGIES:
         if minmax(x, strategy=s) != want:
             raise RuntimeError(f"strategy {s} disagrees with numpy")
-    wire_id, esize, _ = _dtypes.DTYPES[x.dtype.name]
     t = torch.from_numpy(x)
     cands = {s: (lambda s=s: minmax(x, strategy=s)) for s in STRATEGIES}
-    cands.update({"numpy": lambda: (x.min(), x.max()), "torch": lambda: torch.aminmax(t),
-                  "C": lambda: _ext.minmax(x.view(np.uint8), wire_id, esize, threads=threads)})
+    cands.update({"numpy": lambda: (x.min(), x.max()), "torch": lambda: torch.aminmax(t)})
     times = harness.time_interleaved(cands, rounds)
     out = []
-    for s in (*STRATEGIES, "C"):
-        label = {"auto": f"auto ({picked})", "C": "C core (quant's per-tensor pass)"}.get(s, s)
+    for s in STRATEGIES:
+        label = {"auto": f"auto ({picked})"}.get(s, s)
         out.append({"strategy": label, "ms": times[s] * 1e3, "GBs": x.nbytes / times[s] / 1e9,
                     "vs_torch": times["torch"] / times[s], "vs_numpy": times["numpy"] / times[s]})
     return out

@@ -50,10 +50,10 @@ def _kernels(args) -> str:
             "memory reused (encodes write into memory mapped once, as the store gives a "
             "training step; decode writes into a caller's `out=`); "
             "medians of interleaved rounds. `read`: one threaded pass that only reads the "
-            "input (the C min/max); `floor`: that read of the input beside a copy of as many "
-            "bytes as the encoding holds, the least data an encoder moves; `copy`: torch's threaded "
-            "copy of the array into memory in use. `vs X`: X's time / ours (> 1: we are "
-            "faster).\n\n" + kernels.markdown(rows) + "\n\n" + notes)
+            "input (torch.aminmax of its bytes as int32); `floor`: that read of the input "
+            "beside a copy of as many bytes as the encoding holds, the least data an encoder "
+            "moves; `copy`: torch's threaded copy of the array into memory in use. `vs X`: X's "
+            "time / ours (> 1: we are faster).\n\n" + kernels.markdown(rows) + "\n\n" + notes)
 
 
 def _reduce(args) -> str:

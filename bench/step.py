@@ -13,7 +13,6 @@ torch allocator installed (actcodec.torch.allocator), removed again after it."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import random
 import statistics
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from actcodec import memory
+from actcodec.apps import configs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
@@ -32,13 +31,7 @@ import clients  # noqa: E402
 def _context(name: str, model, loss_fn):
     """The context one configuration runs every step in (made once: a budget learns from the
     steps before)."""
-    if name in memory.PLAIN:
-        return contextlib.nullcontext()
-    import actcodec.torch as act
-
-    if memory.is_budget(name):  # a budget of 1/N of what plain fp32 saves, or 0
-        return memory.budget_context(name, model, loss_fn)
-    return act.compress_saved(act.Policy.preset(name), model=model)
+    return configs.step_contexts(name, model, loss_fn)()
 
 
 DESCRIPTION = ("GPT-2 layout (transformers GPT2LMHeadModel, 6 layers x 384, 6 heads), batch "
@@ -53,7 +46,7 @@ def step(model, loss_fn, name, ctx):
         from actcodec.torch import allocator
 
         allocator.install()
-        memory.new_plain_step(base, True)
+        configs.new_plain_step(base, True)
     try:
         with ctx:
             loss = loss_fn(model)

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")  # the torch extra; CI installs it (and the demo's packages)
 
-from actcodec import demo  # noqa: E402
+from actcodec.apps import demo, demo_table  # noqa: E402
 from actcodec.__main__ import main  # noqa: E402
 
 CONFIGS = ["fp32", "8bit", "checkpoint", "budget/8-halved"]
@@ -75,7 +75,7 @@ def test_table_ratio_column():
             "peak_rss": 500 * demo.MiB, "peak_above_floor": 120 * demo.MiB, "step_ms": 10.0}
     half = dict(base, config="8bit", saved_bytes=50 * demo.MiB, peak_above_floor=95 * demo.MiB)
     same = dict(base, config="lossless", saved_bytes=100 * demo.MiB + 1000)
-    table = demo.format_table([base, half, same])
+    table = demo_table.format_table([base, half, same])
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
     assert rows["fp32"].endswith("| n/a |")
     assert rows["8bit"].endswith("| 0.50 |")        # 25 MiB of 50 MiB computed showed up

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")  # the torch extra; CI installs it
 
-from actcodec import memory  # noqa: E402
+from actcodec.apps import memory  # noqa: E402
 
 MiB = 1 << 20
 

@@ -154,7 +154,7 @@ def test_no_memory_growth_over_a_thousand_steps():
                           nn.Linear(256, 10))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, store = torch.randn(256, 64), Store(MiB)
-    from actcodec.memory import rss
+    from actcodec.apps.process_memory import rss
 
     marks = {}
     for step in range(1000):

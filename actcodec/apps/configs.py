@@ -1,0 +1,86 @@
+"""The configurations the apps (and bench/) train under, by name, and the context each step of
+one runs in:
+
+- ``fp32``, ``checkpoint`` (PLAIN): torch saves what it saves, no compress_saved;
+- a `Policy.preset` name: ``compress_saved(Policy.preset(name), model=model)``;
+- ``budget/N``: ``compress_saved(model=model, budget=...)`` at 1/N of the bytes plain fp32
+  saves (the demo's ``budget/N-halved`` halves it half-way through training); ``offload``
+  (OFFLOAD): a budget of 0, every save paged out.
+
+A ``+store`` suffix (actcodec's torch allocator installed) is the caller's to split off.
+"""
+from __future__ import annotations
+
+import contextlib
+
+PLAIN = ("fp32", "checkpoint")  # torch saves what it saves; no compress_saved
+OFFLOAD = "offload"  # a budget of 0: every save paged out, nothing held in memory for backward
+
+
+def budget_divisor(name: str) -> int | None:
+    """N of a "budget/N" configuration (a budget of 1/N of what fp32 saves); None if the name
+    is not one."""
+    n = name[len("budget/"):] if name.startswith("budget/") else ""
+    return int(n) if n.isdigit() and int(n) >= 1 else None
+
+
+def budget_fraction(name: str) -> int | None:
+    """N of a "budget/N" or "budget/N-halved" (the demo's: the budget halves half-way through
+    training) configuration; None if the name is not one."""
+    return budget_divisor(name.removesuffix("-halved"))
+
+
+def is_budget(name: str) -> bool:
+    """Whether a configuration runs under a budget: budget/N, or offload (a budget of 0)."""
+    return name == OFFLOAD or budget_divisor(name) is not None
+
+
+def check(config: str) -> None:
+    """A clear error for a configuration (with or without "+store") whose name is none: SystemExit
+    for a bad budget/N, ValueError for an unknown preset."""
+    name = config.partition("+")[0]
+    if name.startswith("budget/"):
+        if budget_divisor(name) is None:
+            raise SystemExit(f"--configs: {config!r}: budget/N takes a whole N >= 1")
+    elif name not in (*PLAIN, OFFLOAD):
+        from actcodec.torch import Policy
+
+        Policy.preset(name)
+
+
+def new_plain_step(name: str, allocator: bool) -> None:
+    """At a step's start: a plain configuration with actcodec's allocator ends the store's
+    period itself (actcodec.store.new_step), since no compress_saved does."""
+    if allocator and name in PLAIN:
+        from actcodec import store
+
+        store.new_step(None)
+
+
+def budget_context(name: str, model, loss_fn):
+    """For a budget configuration: compress_saved with a budget of 1/N of what plain fp32 saves
+    for loss_fn(model) ("budget/N"), or of 0 ("offload"), to enter every step (the budget
+    learns from the steps before)."""
+    import actcodec.torch as act
+
+    if name == OFFLOAD:
+        budget = 0
+    else:
+        budget = act.count_saved(lambda: loss_fn(model)) // budget_divisor(name)
+    return act.compress_saved(model=model, budget=budget)
+
+
+def step_contexts(name: str, model, loss_fn):
+    """A function giving the context each step of configuration `name` (no "+store") runs in:
+    a null context for the plain ones; one budget context, made now, for every step of a
+    budget (it learns from the steps before); a fresh compress_saved of the preset per call
+    for a preset."""
+    if name in PLAIN:
+        return contextlib.nullcontext
+    if is_budget(name):
+        ctx = budget_context(name, model, loss_fn)
+        return lambda: ctx
+    import actcodec.torch as act
+
+    policy = act.Policy.preset(name)
+    return lambda: act.compress_saved(policy, model=model)
