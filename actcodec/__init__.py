@@ -27,10 +27,17 @@ if _ext._init() != 0:
         + f"; available here: {', '.join(_avail)}"
     )
 
-from . import _options, bitmap, bitmap_quant, mask, quant, raw  # noqa: E402  (registers codecs)
-from .choice import encode  # noqa: E402
-from .codecs import Auto, Bitmap, BitmapQuant, Codec, Mask, Quant, Raw  # noqa: E402
+from . import _options, bitmap, bitmap_quant, mask, quant, raw, registry  # noqa: E402
+
+# The built-in codecs, in the order the codec choice breaks ties of size (lossless first).
+for _codec in (raw.Raw(), bitmap.Bitmap(), mask.Mask(), quant.Quant(),
+               bitmap_quant.BitmapQuant()):
+    registry.register(_codec)
+del _codec
+
 from .container import Encoded, from_bytes  # noqa: E402
+from .encoder import encode  # noqa: E402
+from .numcodecs import Auto, Bitmap, BitmapQuant, Codec, Mask, Quant, Raw  # noqa: E402
 from .quant import NonFiniteError  # noqa: E402
 
 __version__ = "0.2.0"

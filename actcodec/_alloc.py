@@ -6,9 +6,9 @@ cut once to what it wrote.
 An allocator is a callable nbytes -> flat uint8 numpy array (uninitialized) for a block of
 known size, with `scratch(nbytes)` for one sized for the worst case and `shrink(block, nbytes)
 -> block` to keep only its first nbytes (before any view of it exists; the result may be a
-new block holding a copy: `cuts_in_place` says which). HEAP takes blocks from numpy and cuts them in place;
-actcodec.store.StoreAlloc takes them from a store's pages and copies the cut into a block of
-its own, so no worst case ever sits among a step's payloads."""
+new block holding a copy: `cuts_in_place` says which). HEAP takes blocks from numpy and cuts
+them in place; StoreAlloc takes them from a store's pages (actcodec.store) and copies the cut
+into a block of its own, so no worst case ever sits among a step's payloads."""
 from __future__ import annotations
 
 import numpy as np
@@ -47,3 +47,25 @@ class HeapAlloc:
 
 
 HEAP = HeapAlloc()
+
+
+class StoreAlloc:
+    """The allocator protocol over an actcodec Store: blocks as flat uint8 arrays whose pages
+    go back to the store with the last array (or tensor) on them. Blocks sized for the worst
+    case come from `scratch` (numpy by default) and their cut is copied into the store, so
+    the store holds exact payloads only and no worst case raises its high-water mark."""
+
+    __slots__ = ("store", "scratch")
+    cuts_in_place = False
+
+    def __init__(self, store, scratch=None):
+        self.store = store
+        self.scratch = scratch if scratch is not None else HEAP
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        return np.frombuffer(self.store.block(nbytes), np.uint8)
+
+    def shrink(self, block: np.ndarray, nbytes: int) -> np.ndarray:
+        out = self(nbytes)
+        out[:] = block[:nbytes]
+        return out

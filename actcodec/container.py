@@ -1,8 +1,9 @@
 """The container: an encoded array and its versioned, checksummed byte format.
 
 An `Encoded` knows its codec, parameters, dtype, shape and payload buffers (1-D uint8 numpy
-arrays, or uint8 torch tensors on one device). `decode()` gives back a numpy array for
-numpy buffers and a tensor on the buffers' device for torch ones. `to_bytes()` writes the
+arrays, or 1-D uint8 arrays of one backend, such as torch tensors on one device: see
+actcodec.backends). `decode()` gives back a numpy array for numpy buffers and the backend's
+array for a backend's. `to_bytes()` writes the
 format described in docs/FORMAT.md; `from_bytes()` parses it without trusting a single byte:
 every length, id and parameter is checked, and anything wrong raises ValueError.
 """
@@ -14,7 +15,8 @@ from math import prod
 
 import numpy as np
 
-from . import _arrays, _dtypes, _ext, _options
+from . import _dtypes, _ext, _options, backends
+from .registry import CODECS, by_id
 
 MAGIC = b"ACTC"
 FORMAT_VERSION = 1
@@ -23,23 +25,6 @@ MAX_BUFFERS = 16
 MAX_PARAMS = 4096
 _FIXED = struct.Struct("<4sBBBBBxxxI")  # magic, version, codec, dtype, ndim, nbuffers, params len
 _U64 = struct.Struct("<Q")
-
-# codec name -> module with CODEC_ID, DTYPES, PARAMS (struct.Struct), params_to_tuple/
-# from_tuple, validate(encoded) and decode_into(encoded, buffers, out_bytes, out_dtype_name,
-# options), and DECODES_TO_FLOAT32. Filled by the codec modules.
-CODECS: dict = {}
-
-
-def register(name: str, module) -> None:
-    CODECS[name] = module
-
-
-def _codec_by_id(codec_id: int):
-    for name, mod in CODECS.items():
-        if mod.CODEC_ID == codec_id:
-            return name, mod
-    raise ValueError(f"unknown codec id {codec_id} (known: "
-                     f"{', '.join(f'{m.CODEC_ID}={n}' for n, m in CODECS.items())})")
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +46,7 @@ class Encoded:
 
     @property
     def nbytes(self) -> int:
-        return sum(_arrays.nbytes(b) for b in self.buffers)
+        return sum(b.nbytes for b in self.buffers)  # numpy's and torch's count alike
 
     @property
     def original_nbytes(self) -> int:
@@ -73,18 +58,24 @@ class Encoded:
         return self.original_nbytes / self.nbytes if self.nbytes else float("inf")
 
     @property
+    def backend(self):
+        """The backend of the buffers (actcodec.backends), or None for numpy buffers."""
+        return backends.of(self.buffers[0]) if self.buffers else None
+
+    @property
     def is_torch(self) -> bool:
-        return bool(self.buffers) and _arrays.is_tensor(self.buffers[0])
+        return self.backend is not None and self.backend.name == "torch"
 
     @property
     def device(self):
-        """The buffers' torch device, or "numpy"."""
-        return self.buffers[0].device if self.is_torch else "numpy"
+        """The buffers' device (a torch device for torch buffers), or "numpy"."""
+        backend = self.backend
+        return backend.device(self.buffers[0]) if backend is not None else "numpy"
 
     def decode_dtype(self, dtype=None) -> str:
         """The dtype name a decode gives: the encoded dtype, or float32 where allowed."""
         target = self.dtype if dtype is None else _dtypes.canonical_name(dtype)
-        to_f32 = CODECS[self.codec].DECODES_TO_FLOAT32
+        to_f32 = CODECS[self.codec].decodes_to_float32
         if target != self.dtype and not (target == "float32" and to_f32):
             allowed = self.dtype + (" or float32" if to_f32 else "")
             raise ValueError(f"a {self.codec} encoding of {self.dtype} decodes to {allowed}, "
@@ -94,13 +85,12 @@ class Encoded:
     def decode(self, out=None, dtype=None, *, threads: int | None = None,
                simd: str | None = None):
         """Decode into a new array, or into `out` (C-contiguous, this shape and dtype). numpy
-        buffers give a numpy array; torch buffers a tensor on their device (see
-        actcodec.torch). `dtype` is the encoded dtype (default) or, for quantized codecs,
-        "float32". threads and simd: this call's settings (None: the defaults)."""
-        if self.is_torch:
-            from .torch import tensors
-
-            return tensors.decode(self, out, dtype, threads=threads, simd=simd)
+        buffers give a numpy array; a backend's buffers its array (torch: a tensor on their
+        device). `dtype` is the encoded dtype (default) or, for quantized codecs, "float32".
+        threads and simd: this call's settings (None: the defaults)."""
+        backend = self.backend
+        if backend is not None:
+            return backend.decode(self, out, dtype, threads=threads, simd=simd)
         target = self.decode_dtype(dtype)
         opts = _options.resolve(threads, simd)
         if out is None:
@@ -113,31 +103,28 @@ class Encoded:
     def decode_into(self, out_bytes: np.ndarray, target: str, opts: dict) -> None:
         """The C path: decode into a flat uint8 view of host memory (checked by the caller),
         from buffers on the host."""
-        buffers = tuple(_arrays.host_bytes(b) for b in self.buffers)
+        buffers = tuple(backends.host_bytes(b) for b in self.buffers)
         CODECS[self.codec].decode_into(self, buffers, out_bytes, target, opts)
 
     def numpy(self) -> "Encoded":
         """The same encoding over numpy buffers (host copies of device buffers; CPU tensors
         are viewed, not copied)."""
-        if not self.is_torch:
+        if self.backend is None:
             return self
-        return _replace(self, tuple(_arrays.to_numpy(b) for b in self.buffers))
+        return _replace(self, tuple(backends.to_numpy(b) for b in self.buffers))
 
-    def to(self, device="cpu") -> "Encoded":
-        """The same encoding over uint8 torch tensors on `device` (numpy buffers are viewed
-        on the CPU, copied elsewhere; read-only ones, such as a parsed byte string's, are
-        copied: torch has no read-only tensors)."""
-        import torch
-
-        bufs = tuple(b if _arrays.is_tensor(b) else
-                     torch.from_numpy(b if b.flags.writeable else b.copy()) for b in self.buffers)
-        return _replace(self, tuple(b.to(device) for b in bufs))
+    def to(self, device="cpu", backend: str = "torch") -> "Encoded":
+        """The same encoding over a backend's buffers on `device` (torch: uint8 tensors;
+        numpy buffers are viewed on the CPU, copied elsewhere; read-only ones, such as a
+        parsed byte string's, are copied: torch has no read-only tensors)."""
+        target = backends.get(backend)
+        return _replace(self, tuple(target.from_numpy(b, device) for b in self.buffers))
 
     def to_bytes(self) -> bytes:
         mod = CODECS[self.codec]
-        bufs = [_arrays.to_numpy(b) for b in self.buffers]
-        params = mod.PARAMS.pack(*mod.params_to_tuple(self.params))
-        header = bytearray(_FIXED.pack(MAGIC, FORMAT_VERSION, mod.CODEC_ID,
+        bufs = [backends.to_numpy(b) for b in self.buffers]
+        params = mod.params_struct.pack(*mod.params_to_tuple(self.params))
+        header = bytearray(_FIXED.pack(MAGIC, FORMAT_VERSION, mod.codec_id,
                                        _dtypes.DTYPES[self.dtype][0], len(self.shape),
                                        len(bufs), len(params)))
         for dim in self.shape:
@@ -198,18 +185,19 @@ def from_bytes(data) -> Encoded:
     if stored != _ext.checksum64(view[: hlen - 8]):
         raise ValueError("header checksum mismatch: the header is corrupted")
     # The header is intact from here on; still check that what it says makes sense.
-    codec, mod = _codec_by_id(codec_id)
+    mod = by_id(codec_id)
+    codec = mod.name
     if dtype_id not in _dtypes.DTYPE_BY_ID:
         raise ValueError(f"unknown dtype id {dtype_id}")
     dtype = _dtypes.DTYPE_BY_ID[dtype_id]
-    if dtype not in mod.DTYPES:
+    if dtype not in mod.dtypes:
         raise ValueError(f"the {codec} codec does not encode {dtype}")
     pos = _FIXED.size
     shape = struct.unpack_from(f"<{ndim}Q", view, pos)
     pos += 8 * ndim
-    if plen != mod.PARAMS.size:
-        raise ValueError(f"{codec} parameters must be {mod.PARAMS.size} bytes, got {plen}")
-    params = mod.params_from_tuple(mod.PARAMS.unpack_from(view, pos))
+    if plen != mod.params_struct.size:
+        raise ValueError(f"{codec} parameters must be {mod.params_struct.size} bytes, got {plen}")
+    params = mod.params_from_tuple(mod.params_struct.unpack_from(view, pos))
     pos += plen
     lengths = []
     for _ in range(nbuf):
@@ -237,7 +225,7 @@ def validate(enc: Encoded) -> Encoded:
     if enc.codec not in CODECS:
         raise ValueError(f"unknown codec {enc.codec!r}")
     mod = CODECS[enc.codec]
-    if enc.dtype not in mod.DTYPES:
+    if enc.dtype not in mod.dtypes:
         raise ValueError(f"the {enc.codec} codec does not encode {enc.dtype}")
     host = Encoded(enc.codec, enc.dtype, tuple(enc.shape), enc.params, enc.numpy().buffers)
     return Encoded(enc.codec, enc.dtype, tuple(enc.shape), enc.params, enc.buffers,
@@ -247,15 +235,3 @@ def validate(enc: Encoded) -> Encoded:
 def expect_buffers(enc: Encoded, count: int) -> None:
     if len(enc.buffers) != count:
         raise ValueError(f"{enc.codec} encoding needs {count} buffers, has {len(enc.buffers)}")
-
-
-def bitmap_nnz(enc: Encoded, bitmap) -> int:
-    """The nonzero count of a bitmap codec's encoding: known, or counted once (and checked:
-    padding bits zero, the bitmap's size)."""
-    if enc.nnz is not None:
-        return enc.nnz
-    n = enc.size
-    if _arrays.nbytes(bitmap) != (n + 7) // 8:
-        raise ValueError(f"bitmap has {_arrays.nbytes(bitmap)} bytes, {(n + 7) // 8} expected "
-                         f"for {n} elements")
-    return _ext.bitmap_count(_arrays.to_numpy(bitmap), n)

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import struct
 import sys
+from math import prod
 
 import numpy as np
 
-from . import _alloc, _dtypes, _ext, container
+from . import _alloc, _dtypes, _ext, container, encoder
+from .abc import Codec
 
-CODEC_ID = 3
-DTYPES = _dtypes.FLOATS
-DECODES_TO_FLOAT32 = True
 # bits, rounding (0 nearest, 1 stochastic), nonfinite (0 raise, 1 keep), pad, group (0 = per
 # tensor), seed
 PARAMS = struct.Struct("<BBBxIQ")
@@ -38,8 +37,15 @@ NONFINITE = ("raise", "keep")
 GROUP_MIN, GROUP_MAX = 32, 65536
 NonFiniteError = _ext.NonFiniteError
 
-_EXPONENT = {2: {"float16": 0x7C00, "bfloat16": 0x7F80}, 4: 0x7F800000, 8: 0x7FF0000000000000}
-_F32_MAX = float(np.finfo(np.float32).max)
+# The exponent bits of each float type: all set means NaN or inf. float64 beyond F32_MAX counts
+# as non-finite too (quantization computes in float32).
+EXPONENT = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000,
+            "float64": 0x7FF0000000000000}
+F32_MAX = float(np.finfo(np.float32).max)
+# The stateless hash stochastic rounding draws from (csrc/codecs/quant_common.h): every path,
+# the device path included, computes the same numbers from these.
+HASH_GOLDEN, HASH_MUL1, HASH_MUL2, HASH_KEY_OFFSET = 0x9E3779B1, 0x7FEB352D, 0x846CA68B, 0x9E3779B9
+U24_SCALE = 2.0 ** -24  # a 24-bit hash value times this: a uniform number in [0, 1)
 
 
 def check_params(bits, group_size, rounding, nonfinite, seed) -> dict:
@@ -94,12 +100,11 @@ def ngroups(count: int, group: int | None) -> int:
 
 def _nonfinite_mask(bits: np.ndarray, name: str) -> np.ndarray:
     """Elements that are NaN/inf (exponent all ones), or float64 beyond the float32 range."""
-    exp = _EXPONENT[bits.itemsize]
-    exp = exp[name] if isinstance(exp, dict) else exp
+    exp = EXPONENT[name]
     mask = (bits & bits.dtype.type(exp)) == exp
     if name == "float64":
         with np.errstate(invalid="ignore"):
-            mask |= np.abs(bits.view(np.float64)) > _F32_MAX
+            mask |= np.abs(bits.view(np.float64)) > F32_MAX
     return mask
 
 
@@ -188,6 +193,37 @@ def validate_flat(buffers, count: int, name: str, p: dict) -> None:
             raise ValueError("escape indices must be strictly increasing and below the size")
 
 
+class Quant(Codec):
+    name = "quant"
+    codec_id = 3
+    dtypes = _dtypes.FLOATS
+    lossy = True
+    decodes_to_float32 = True
+    params_struct = PARAMS
+
+    check_params = staticmethod(check_params)
+
+    def params_to_tuple(self, params: dict) -> tuple:
+        return params_to_tuple(params)
+
+    def params_from_tuple(self, values: tuple) -> dict:
+        return params_from_tuple(values)
+
+    def nbytes(self, count: int, esize: int, params: dict | None) -> int:
+        """Packed codes, and a float32 minimum and scale per group."""
+        return packed_nbytes(count, params["bits"]) + 8 * ngroups(count, params["group_size"])
+
+    def encode(self, flat, name, params, opts, alloc, work=None, bittrick=-1) -> tuple:
+        return quantize_flat(flat, name, params, opts, alloc, bittrick), None
+
+    def validate(self, enc) -> None:
+        validate_flat(enc.buffers, enc.size, enc.dtype, enc.params)
+
+    def decode_into(self, enc, buffers, out_bytes, target, opts) -> None:
+        dequantize_flat(buffers, prod(enc.shape), enc.dtype, target, enc.params, out_bytes,
+                        opts)
+
+
 def encode(x, bits: int = 8, *, group_size: int | None = 256, rounding: str = "nearest",
            seed: int = 0, nonfinite: str = "raise", dtype: str | None = None,
            threads: int | None = None, simd: str | None = None,
@@ -195,22 +231,10 @@ def encode(x, bits: int = 8, *, group_size: int | None = 256, rounding: str = "n
     """Quantize a float16/bfloat16/float32/float64 array or tensor to `bits`-bit codes per
     group. bittrick: the code <-> float conversion (None: the path's default; both give the
     same bytes)."""
-    from . import choice
-
-    return choice.encode(x, "quant", bits=bits, group_size=group_size, rounding=rounding,
-                         seed=seed, nonfinite=nonfinite, dtype=dtype, threads=threads,
-                         simd=simd, bittrick=bittrick)
-
-
-def validate(enc: container.Encoded) -> None:
-    validate_flat(enc.buffers, enc.size, enc.dtype, enc.params)
-
-
-def decode_into(enc, buffers, out_bytes: np.ndarray, target: str, opts: dict) -> None:
-    dequantize_flat(buffers, enc.size, enc.dtype, target, enc.params, out_bytes, opts)
+    return encoder.encode(x, "quant", bits=bits, group_size=group_size, rounding=rounding,
+                          seed=seed, nonfinite=nonfinite, dtype=dtype, threads=threads,
+                          simd=simd, bittrick=bittrick)
 
 
 if sys.byteorder != "little":  # pragma: no cover - the format and kernels are little-endian
     raise ImportError("actcodec supports little-endian machines only")
-
-container.register("quant", sys.modules[__name__])

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
 from . import _ext
+from ._alloc import StoreAlloc  # noqa: F401  (payload blocks from a store)
 
 Store = _ext.Store
 _DEFAULT: list = []
@@ -49,29 +48,3 @@ def new_step(store: Store | None) -> None:
     Store.reset_peak)."""
     for s in {id(x): x for x in (store, *_DEFAULT) if x is not None}.values():
         s.reset_peak()
-
-
-class StoreAlloc:
-    """actcodec._alloc's allocator protocol over a Store: blocks as flat uint8 arrays whose
-    pages go back to the store with the last array (or tensor) on them. Blocks sized for the
-    worst case come from `scratch` (numpy by default) and their cut is copied into the store,
-    so the store holds exact payloads only and no worst case raises its high-water mark."""
-
-    __slots__ = ("store", "scratch")
-    cuts_in_place = False
-
-    def __init__(self, store: Store, scratch=None):
-        self.store = store
-        self.scratch = scratch if scratch is not None else _heap_scratch
-
-    def __call__(self, nbytes: int) -> np.ndarray:
-        return np.frombuffer(self.store.block(nbytes), np.uint8)
-
-    def shrink(self, block: np.ndarray, nbytes: int) -> np.ndarray:
-        out = self(nbytes)
-        out[:] = block[:nbytes]
-        return out
-
-
-def _heap_scratch(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, np.uint8)

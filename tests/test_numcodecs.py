@@ -29,7 +29,7 @@ def test_entry_points_register_every_codec_in_a_fresh_process():
     ids = [cfg["id"] for cfg, _ in CONFIGS]
     r = subprocess.run([sys.executable, "-c", code, *ids], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert [line.split()[1] for line in r.stdout.splitlines()] == ["actcodec.codecs"] * len(ids)
+    assert [line.split()[1] for line in r.stdout.splitlines()] == ["actcodec.numcodecs"] * len(ids)
 
 
 @pytest.mark.parametrize("config,cls", CONFIGS, ids=[c["id"] for c, _ in CONFIGS])

@@ -301,7 +301,7 @@ def test_auto_picks_the_smallest_allowed():
     assert actcodec.encode(mask).codec == actcodec.encode(mask, bits=2).codec == "mask"
     for x in (dense, sparse, mask):
         for bits in (None, 1, 2, 4, 8):
-            sizes = actcodec.choice.sizes(x, bits)
+            sizes = actcodec.encoder.sizes(x, bits)
             enc = actcodec.encode(x, bits=bits)
             assert enc.nbytes == sizes[enc.codec] == min(sizes.values())
             assert set(sizes) - {"mask"} == ({"raw", "bitmap"} if bits is None else

@@ -1,4 +1,4 @@
-"""Codec objects in the numcodecs style (``encode`` returns the container bytes, ``decode``
+"""The numcodecs wrappers: codec objects in the numcodecs style (``encode`` returns the container bytes, ``decode``
 restores the array, ``get_config``/``from_config`` round-trip the settings), registered under
 numcodecs' entry-point group, so ``numcodecs.get_codec({"id": "actcodec.bitmap"})`` finds them
 and zarr can use them. numcodecs itself is optional: these classes need only numpy."""
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _dtypes, choice, container, quant
+from . import _dtypes, container, encoder, quant
+from .registry import CODECS
 
 try:  # zarr and numcodecs' own checks want their base class; it is optional here
     from numcodecs.abc import Codec as _Base
@@ -66,13 +67,11 @@ class Bitmap(Codec):
     codec_name = "bitmap"
 
     def __init__(self, prune: float = 0.0):
-        from . import bitmap
-
-        bitmap.params_from_tuple((float(prune),))  # validates
+        CODECS["bitmap"].params_from_tuple((float(prune),))  # validates
         self.prune = float(prune)
 
     def _encode(self, buf):
-        return choice.encode(buf, "bitmap", prune=self.prune)
+        return encoder.encode(buf, "bitmap", prune=self.prune)
 
     def _config(self):
         return {"prune": self.prune}
@@ -85,7 +84,7 @@ class Raw(Codec):
     codec_name = "raw"
 
     def _encode(self, buf):
-        return choice.encode(buf, "raw")
+        return encoder.encode(buf, "raw")
 
     def _config(self):
         return {}
@@ -98,7 +97,7 @@ class Mask(Codec):
     codec_name = "mask"
 
     def _encode(self, buf):
-        return choice.encode(buf, "mask")
+        return encoder.encode(buf, "mask")
 
     def _config(self):
         return {}
@@ -112,7 +111,7 @@ class _Quantized(Codec):
         self._p = quant.check_params(bits, group_size, rounding, nonfinite, seed)
 
     def _encode(self, buf):
-        return choice.encode(buf, self.codec_name, **self._p)
+        return encoder.encode(buf, self.codec_name, **self._p)
 
     def _config(self):
         return dict(self._p)
@@ -145,7 +144,7 @@ class Auto(Codec):
         self._p = {"bits": bits, "group_size": group_size, "rounding": rounding, "seed": seed}
 
     def _encode(self, buf):
-        return choice.encode(buf, "auto", **self._p)
+        return encoder.encode(buf, "auto", **self._p)
 
     def _config(self):
         return dict(self._p)
