@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
 
 from actcodec.torch import Accounting, Policy, compress_saved, convert, record  # noqa: E402
-from actcodec.torch import budget as budgets  # noqa: E402
+from actcodec.torch import budget as budgets, planner  # noqa: E402
 
 from test_torch_hooks import MODELS, cnn, grads  # noqa: E402
 
@@ -72,27 +72,27 @@ def test_the_plan_learns_from_the_first_step():
     first = ctx.stats.reencoded
     grads(model, x, ctx)
     assert first > 0 and ctx.stats.reencoded < first  # planned bits, fewer fixes
-    assert set(ctx.stats.limit.plan.values()) <= set(budgets.CHOICES)
+    assert set(ctx.limit.plan.values()) <= set(planner.CHOICES)
 
 
 def test_paged_out_payloads_come_back_exactly(monkeypatch):
     # Nothing may be re-encoded, so a small budget pages every payload out; lossless
     # gradients must still equal plain PyTorch's bit for bit.
-    monkeypatch.setattr(budgets, "MIN_BITS", 99)
+    monkeypatch.setattr(planner, "MIN_BITS", 99)
     model, x = cnn(), torch.randn(8, 3, 32, 32)
     exact = grads(model, x)
     ctx = compress_saved(Policy(bits=None, min_bytes=0), budget=1)
     with ctx:
         loss = model(x).square().mean()
     assert ctx.stats.spilled > 0 and ctx.stats.stored_bytes <= 1
-    assert ctx.stats.limit.keeper.spill.live > 0
+    assert ctx.limit.keeper.spill.live > 0
     model.zero_grad()
     loss.backward()
     got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     assert torch.equal(got, exact)
     del loss
     gc.collect()
-    assert ctx.stats.limit.keeper.spill.live == 0 and ctx.stats.limit.keeper.spill.end == 0  # the file emptied
+    assert ctx.limit.keeper.spill.live == 0 and ctx.limit.keeper.spill.end == 0  # the file emptied
 
 
 @pytest.mark.parametrize("make,inputs", MODELS, ids=["cnn", "transformer"])
@@ -187,13 +187,13 @@ def test_no_budget_changes_nothing():
     assert torch.equal(a, b)
 
 
-def _converted_grads(model, x, acc=None):
+def _converted_grads(model, x, rec=None):
     model.zero_grad()
     torch.manual_seed(1)
-    if acc is None:
+    if rec is None:
         loss = model(x).square().mean()
     else:
-        with record(acc):
+        with rec:
             loss = model(x).square().mean()
     loss.backward()
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -207,9 +207,10 @@ def test_converted_modules_keep_a_budget(fraction):
         loss = model(x).square().mean()
     budget = int(free.peak_stored_bytes * fraction)
     loss.backward()
-    acc = Accounting(budget=budget)
+    rec = record(budget=budget)
+    acc = rec.stats
     for _ in range(3):
-        g = _converted_grads(model, x, acc)
+        g = _converted_grads(model, x, rec)
         assert acc.peak_stored_bytes <= budget and torch.isfinite(g).all()
         assert acc.stored_bytes == 0
     if fraction < 0.1:
@@ -217,20 +218,22 @@ def test_converted_modules_keep_a_budget(fraction):
 
 
 def test_converted_modules_page_out_exactly(monkeypatch):
-    monkeypatch.setattr(budgets, "MIN_BITS", 99)
+    monkeypatch.setattr(planner, "MIN_BITS", 99)
     model, x = convert(cnn(), Policy(bits=None, min_bytes=0)), torch.randn(8, 3, 32, 32)
     exact = _converted_grads(model, x)
-    acc = Accounting(budget=1)
-    assert torch.equal(_converted_grads(model, x, acc), exact)
+    rec = record(budget=1)
+    acc = rec.stats
+    assert torch.equal(_converted_grads(model, x, rec), exact)
     kept = 2 * (16 + 32) * 4  # the batch norms' saved means and inverse stds, kept as they are
     assert acc.spilled > 0 and acc.peak_stored_bytes <= kept and acc.over_budget > 0
 
 
 def test_converted_modules_under_a_budget_of_zero_change_no_bits():
     model, x = convert(cnn(), Policy(bits=8, min_bytes=0)), torch.randn(8, 3, 32, 32)
-    unbudgeted = _converted_grads(model, x, Accounting())
-    acc = Accounting(budget=0)
+    unbudgeted = _converted_grads(model, x, record())
+    rec = record(budget=0)
+    acc = rec.stats
     for _ in range(2):
-        assert torch.equal(_converted_grads(model, x, acc), unbudgeted)
+        assert torch.equal(_converted_grads(model, x, rec), unbudgeted)
         kept = 2 * (16 + 32) * 4  # the batch norms' saved means and inverse stds, as they are
         assert acc.reencoded == 0 and acc.spilled > 0 and acc.peak_stored_bytes <= kept

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import actcodec  # noqa: E402
 from actcodec import container  # noqa: E402
-from actcodec.torch import device, tensors as bridge  # noqa: E402
+from actcodec.torch import backend as bridge, device  # noqa: E402
 from strategies import LENGTHS, SPECIAL  # noqa: E402
 
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,

@@ -8,13 +8,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import actcodec
-from actcodec import _ext, choice
+from actcodec import _ext, bitmap, choice, encoder
 
 torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
 
-from actcodec.torch import Policy, compress_saved, packing  # noqa: E402
-from actcodec.torch.packing import Setting  # noqa: E402
+from actcodec.torch import Policy, Setting, compress_saved, packed as packing  # noqa: E402
 
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -97,8 +96,8 @@ def test_dense_tensors_skip_the_bitmap_pass_and_match_the_exact_choice(bits, mon
     setting = Setting(bits=bits, group_size=64)
     assert exact_choice(x, setting) == ("raw" if bits is None else "quant")
     calls = []
-    real = choice.bitmap.encode_flat
-    monkeypatch.setattr(choice.bitmap, "encode_flat",
+    real = bitmap.scan
+    monkeypatch.setattr(bitmap, "scan",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     packed = packing.pack(x, setting)
     numpy_users = actcodec.encode(x.numpy(), bits=bits, group_size=64)
@@ -143,8 +142,8 @@ class ReluConv(nn.Module):
 def test_a_tensor_saved_twice_is_decoded_once_per_backward(monkeypatch):
     model, x = ReluConv(), torch.randn(4, 3, 32, 32)
     decodes = []
-    real = packing.Packed._restore
-    monkeypatch.setattr(packing.Packed, "_restore",
+    real = packing.Packed.restore
+    monkeypatch.setattr(packing.Packed, "restore",
                         lambda self: (self.is_kept or decodes.append(self)) and 0 or real(self))
     with compress_saved(Policy.preset("8bit", min_bytes=0)) as c:
         loss = model(x).square().mean()
@@ -170,7 +169,7 @@ def test_the_shared_decoded_tensor_is_dropped_with_its_last_use():
 
 def exact_choice(t: torch.Tensor, setting: Setting) -> str:
     """The choice the full count makes."""
-    return choice.smallest(choice.sizes(t.numpy(), setting.bits, setting.group_size))
+    return choice.smallest(encoder.sizes(t.numpy(), setting.bits, setting.group_size))
 
 
 def dense_first_channel(batch):

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
 F = nn.functional
 
-from actcodec.torch import accounting  # noqa: E402
+from actcodec.torch import record  # noqa: E402
 from actcodec.torch import functions as fn  # noqa: E402
 from actcodec.torch.convert import COMPRESSED, convert, unconvert  # noqa: E402
 from actcodec.torch.policy import Policy  # noqa: E402
@@ -334,7 +334,7 @@ def test_lossless_model_gradients_bit_identical(name, threads):
     try:
         plain_out, plain = grads(model, x)
         ours = converted(model, lossless())
-        with accounting.record() as acc:
+        with record() as acc:
             out, packed = grads(ours, x)
     finally:
         torch.set_num_threads(1)
@@ -382,7 +382,7 @@ def test_8bit_gradients_close(name):
     model, x = make(), inputs()
     _, plain = grads(model, x)
     ours = converted(model, Policy.preset("8bit", min_bytes=0))
-    with accounting.record() as acc:
+    with record() as acc:
         _, q = grads(ours, x)
     names = [n for n, _ in model.named_parameters()]
     assert all((float(p.abs().max()) < 1e-6) == (n in ZERO_GRADIENT[name])
@@ -424,7 +424,7 @@ def test_convert_keeps_modules_and_unconvert_restores():
     assert type(model[0]) is COMPRESSED[nn.Conv2d] and type(model[0]).__name__ != "Conv2d"
     assert isinstance(model[3], nn.MaxPool2d) and type(model[3]) is not nn.MaxPool2d
     assert model[0].actcodec_name == "0" and isinstance(model[0].actcodec_policy, Policy)
-    with accounting.record() as acc:
+    with record() as acc:
         model(torch.randn(2, 3, 16, 16)).sum().backward()
     assert hook_calls == [1] and acc.tensors > 0
     trained = copy.deepcopy(model.state_dict())
@@ -432,7 +432,7 @@ def test_convert_keeps_modules_and_unconvert_restores():
     assert [type(m) for m in model.modules()] == classes
     assert not any(hasattr(m, "actcodec_policy") for m in model.modules())
     assert _same_state(trained, model.state_dict())
-    with accounting.record() as acc:
+    with record() as acc:
         model(torch.randn(2, 3, 16, 16)).sum().backward()
     assert hook_calls == [1, 1] and acc.tensors == 0
 
@@ -457,7 +457,7 @@ def test_policy_overrides_by_layer_name():
     """The qualified names reach the policy: an override keeps one layer uncompressed."""
     policy = Policy.preset("8bit", min_bytes=0, overrides={"9": None})
     model = converted(cnn(), policy)
-    with accounting.record() as acc:
+    with record() as acc:
         model(torch.randn(4, 3, 16, 16)).sum().backward()
     layers = {r.layer for r in acc.rows.values()}
     assert "9" not in layers and "13" in layers and acc.kept >= 1
@@ -467,7 +467,7 @@ def test_eval_and_no_grad_run_the_plain_forward():
     model = converted(cnn(), lossless())
     plain = cnn()
     x = torch.randn(2, 3, 16, 16)
-    with accounting.record() as acc:
+    with record() as acc:
         model.eval()
         plain.eval()
         assert torch.equal(model(x), plain(x))
@@ -501,7 +501,7 @@ def test_other_conv_and_norm_forms():
 
 def test_accounting_rows_per_layer():
     model = converted(block(), Policy.preset("8bit", min_bytes=0))
-    with accounting.record() as acc:
+    with record() as acc:
         torch.manual_seed(1)
         model(torch.randn(2, 17, 64)).sum().backward()
     rows = {(r.layer, r.op) for r in acc.rows.values()}
@@ -518,7 +518,7 @@ def test_accounting_rows_per_layer():
 
 def test_relu_and_dropout_masks_take_one_bit():
     x = torch.randn(64, 1024, requires_grad=True)
-    with accounting.record() as acc:
+    with record() as acc:
         y = fn.dropout(fn.relu(x, layer="r"), 0.5, layer="d")
     # the bitmap, and the mask codec's one value (True)
     assert acc.rows[("r", "relu")].compressed_bytes == x.numel() // 8 + 1
@@ -529,7 +529,7 @@ def test_relu_and_dropout_masks_take_one_bit():
 
 def test_max_pool_indices_are_uint8_window_positions():
     x = torch.randn(2, 3, 12, 12, requires_grad=True)
-    with accounting.record() as acc:
+    with record() as acc:
         out = fn.max_pool2d(x, 3, 2, 1, layer="pool")
     (payload,) = out.grad_fn.saved_tensors
     assert payload.dtype == torch.uint8 and payload.shape == out.shape

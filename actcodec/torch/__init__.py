@@ -10,13 +10,15 @@ Any model, no changes (saved-tensor hooks):
 Or swap standard layers for ones whose autograd Functions save compressed inputs (`convert`).
 Needs torch (``pip install actcodec[torch]``).
 """
+from . import backend  # registers the torch backend of the core (actcodec.backends)
 from . import allocator
-from .accounting import Accounting, record
+from .accounting import Accounting
+from .backend import decode, encode
 from .convert import convert, unconvert
-from .hooks import compress_saved
-from .packing import Packed, Setting
-from .policy import Policy
-from .tensors import decode, encode
+from .hooks import compress_saved, record
+from .packed import Packed
+from .policy import Policy, Setting
+from .saved_bytes import CountSaved, count_saved
 
-__all__ = ["Accounting", "allocator", "Packed", "Policy", "Setting", "compress_saved", "convert", "decode",
-           "encode", "record", "unconvert"]
+__all__ = ["Accounting", "CountSaved", "allocator", "Packed", "Policy", "Setting", "compress_saved",
+           "convert", "count_saved", "decode", "encode", "record", "unconvert"]

@@ -11,20 +11,7 @@ converted modules and Functions report to; outside both nothing is recorded.
 from __future__ import annotations
 
 import threading
-import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-
-_ACTIVE: list = []
-
-
-class Held:
-    """Bytes one saved tensor holds for backward, as counted (see Accounting.hold)."""
-
-    __slots__ = ("nbytes",)
-
-    def __init__(self):
-        self.nbytes = 0
 
 
 @dataclass
@@ -40,71 +27,37 @@ class Row:
 
 
 class Accounting:
-    """Per-layer/op rows plus counts of shared and kept saves. `str()` is a summary line,
-    `table()` the per-layer table."""
+    """Statistics of what a context saved for backward: per-layer/op rows, counts of shared,
+    kept, re-encoded and paged-out saves, and the bytes held. The save session
+    (actcodec.torch.save) writes them; `str()` is a summary line, `table()` the per-layer
+    table."""
 
-    def __init__(self, store=None, budget=None, spill_dir: str | None = None):
+    def __init__(self, store=None):
         self.rows: dict = {}
+        self.steps = 0          # steps recorded (entries of the context)
         self.deduplicated = 0   # saves served by an encoding made earlier in the step
         self.kept = 0           # saves left as they were (params, ints, small, policy "keep")
         self.stored_bytes = 0
         self.peak_stored_bytes = 0
         self.store = store      # the actcodec Store payloads went to, or None
-        self.budget = None      # compress_saved's byte budget for this step, if any
+        self.budget = None      # the byte budget of this step, if any
         self.reencoded = 0      # saves re-encoded at fewer bits to stay within the budget
         self.spilled = 0        # saves paged out to disk to stay within the budget
         self.spilled_bytes = 0
         self.over_budget = 0    # saves the budget could not hold (kept tensors above it)
-        self.limit = None       # the budget.Budget saves go through, when there is a budget
-        if budget is not None:
-            from .budget import Budget  # here: budget imports packing, which imports this
+        self.lock = threading.Lock()  # stored_bytes changes from backward and budget threads
 
-            self.limit = Budget(self, budget, spill_dir)
-        self._lock = threading.Lock()
-
-    def hold(self, owner, nbytes: int) -> "Held":
-        """Count nbytes as held for backward until `owner` is garbage; `resize` changes it."""
-        held = Held()
-        self.resize(held, nbytes)
-        weakref.finalize(owner, self.resize, held, 0)
-        return held
-
-    def resize(self, held: "Held", nbytes: int) -> None:
-        """What `held` counts is now nbytes (a payload re-encoded, paged out, or freed)."""
-        with self._lock:
-            self.stored_bytes += max(nbytes, 0) - held.nbytes
-            held.nbytes = max(nbytes, 0)
-            self.peak_stored_bytes = max(self.peak_stored_bytes, self.stored_bytes)
-
-    def budgeted(self):
-        """The budget.Budget saves go through, if a budget is set; else None."""
-        limit = self.limit
-        return limit if limit is not None and limit.nbytes is not None else None
+    def new_step(self, budget: int | None) -> None:
+        """A step begins: its counters start afresh; the peak from what is still held."""
+        self.steps += 1
+        self.budget = budget
+        self.reencoded = self.spilled = self.spilled_bytes = self.over_budget = 0
+        self.peak_stored_bytes = self.stored_bytes
 
     @property
     def store_mapped_bytes(self) -> int:
         """The store's mapped bytes now (0 without a store)."""
         return self.store.stats()["mapped_bytes"] if self.store is not None else 0
-
-    def add(self, layer: str | None, op: str, packed, seconds: float) -> None:
-        """Record one unique compressed tensor; its later decodes are timed into the row."""
-        row = self._row(layer, op)
-        row.tensors += 1
-        row.original_bytes += packed.original_nbytes
-        row.compressed_bytes += packed.nbytes
-        row.encode_seconds += seconds
-        row.codecs[packed.codec] = row.codecs.get(packed.codec, 0) + 1
-
-        def on_decode(dt, row=row):
-            row.decode_seconds += dt
-        packed.on_decode = on_decode
-
-    def _row(self, layer, op) -> Row:
-        key = (layer or "-", op)
-        row = self.rows.get(key)
-        if row is None:
-            row = self.rows[key] = Row(*key)
-        return row
 
     def _total(self, name):
         return sum(getattr(r, name) for r in self.rows.values())
@@ -153,23 +106,3 @@ class Accounting:
                          f"{ratio:>6.2f} {r.encode_seconds * 1e3:>7.2f} "
                          f"{r.decode_seconds * 1e3:>7.2f}  {codecs}")
         return "\n".join(lines)
-
-
-def current() -> Accounting | None:
-    """The innermost active accounting, if any."""
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
-@contextmanager
-def record(accounting: Accounting | None = None):
-    """`with record() as acc:` collects what converted modules save in the block. Pass the
-    same `Accounting(budget=...)` every step to keep what they hold within a budget (each
-    entry is a step: see actcodec.torch.budget)."""
-    acc = accounting if accounting is not None else Accounting()
-    if acc.budgeted() is not None:
-        acc.budgeted().new_step()
-    _ACTIVE.append(acc)
-    try:
-        yield acc
-    finally:
-        _ACTIVE.remove(acc)

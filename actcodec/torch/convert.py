@@ -1,7 +1,7 @@
 """Swap a model's standard layers for ones that save compressed activations for backward.
 
     model = actcodec.torch.convert(model, Policy.preset("4bit"))
-    with actcodec.torch.accounting.record() as acc:
+    with actcodec.torch.record() as acc:
         loss = model(x).sum()
     loss.backward()
     print(acc.table())

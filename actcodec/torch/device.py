@@ -22,17 +22,17 @@ CUDA; not promised on MPS, whose kernels may use fast math.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .. import _dtypes, choice, container, quant
-from .tensors import NAMES, TORCH_DTYPES
+from .. import _dtypes, choice, container, encoder, quant
+from ..bitmap import nonzero_count
+from ..quant import (EXPONENT, F32_MAX, HASH_GOLDEN, HASH_KEY_OFFSET, HASH_MUL1, HASH_MUL2,
+                     U24_SCALE)
+from ..registry import CODECS
+from .dtypes import NAMES, TORCH_DTYPES
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bit-pattern views
 _ABS = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}
-_EXPONENT = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000,
-             "float64": 0x7FF0000000000000}
-_F32_MAX = float(np.finfo(np.float32).max)
 # Below this magnitude no group's float32 range (max - min) can overflow.
 _HUGE = 2.0 ** 126
 
@@ -43,10 +43,7 @@ _HUGE = 2.0 ** 126
 _CPU_CHUNK = 1 << 14
 _DEVICE_CHUNK = 1 << 22
 
-# csrc/quant_common.h
 _M32 = 0xFFFFFFFF
-_HASH_GOLDEN, _HASH_MUL1, _HASH_MUL2, _KEY_OFFSET = 0x9E3779B1, 0x7FEB352D, 0x846CA68B, 0x9E3779B9
-_U24_SCALE = 2.0 ** -24
 
 NonFiniteError = quant.NonFiniteError
 
@@ -63,7 +60,7 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
            keep_raw: bool = False) -> container.Encoded | None:
     """Encode a tensor with torch ops on its own device; codecs and parameters as
     `actcodec.encode`. Returns None for a raw choice when keep_raw."""
-    p = choice.check(codec, bits, group_size, rounding, nonfinite, seed, prune)
+    p = encoder.check(codec, bits, group_size, rounding, nonfinite, seed, prune)
     flat, name = _flat_bits(t)
     shape = tuple(int(d) for d in t.shape)
     n, es = flat.numel(), flat.element_size()
@@ -76,8 +73,7 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
         else:
             codec = choice.smallest(choice.sizes_from_counts(
                 n, survey["nnz"], es, bits, group_size, survey["one_value"]))
-    container.CODECS[codec]  # a known codec (check() said so)
-    _dtypes.require(name, container.CODECS[codec].DTYPES, codec)
+    _dtypes.require(name, CODECS[codec].dtypes, codec)
     if codec == "raw":
         if keep_raw:
             return None
@@ -183,10 +179,10 @@ def _unpackbits(bitmap: torch.Tensor, n: int) -> torch.Tensor:
 
 def _nonfinite_mask(flat: torch.Tensor, name: str) -> torch.Tensor:
     """NaN/inf (exponent all ones), and float64 beyond the float32 range (quant.py's rule)."""
-    exp = _EXPONENT[name]
+    exp = EXPONENT[name]
     mask = (flat & exp) == exp
     if name == "float64":
-        mask |= flat.view(torch.float64).abs() > _F32_MAX
+        mask |= flat.view(torch.float64).abs() > F32_MAX
     return mask
 
 
@@ -283,19 +279,19 @@ def _mix32(x):
     """ac_mix32 on int64 tensors holding uint32 values, or on a Python int."""
     if isinstance(x, int):
         x ^= x >> 16
-        x = x * _HASH_MUL1 & _M32
+        x = x * HASH_MUL1 & _M32
         x ^= x >> 15
-        x = x * _HASH_MUL2 & _M32
+        x = x * HASH_MUL2 & _M32
         return x ^ (x >> 16)
     x = x ^ (x >> 16)
-    x = _mul32(x, _HASH_MUL1)
+    x = _mul32(x, HASH_MUL1)
     x = x ^ (x >> 15)
-    x = _mul32(x, _HASH_MUL2)
+    x = _mul32(x, HASH_MUL2)
     return x ^ (x >> 16)
 
 
 def _round_key(seed: int, index_hi: int) -> int:
-    return _mix32((seed & _M32) ^ _mix32((seed >> 32) ^ _mix32((index_hi + _KEY_OFFSET) & _M32)))
+    return _mix32((seed & _M32) ^ _mix32((seed >> 32) ^ _mix32((index_hi + HASH_KEY_OFFSET) & _M32)))
 
 
 def _uniform(seed: int, c0: int, c1: int, device) -> torch.Tensor:
@@ -304,8 +300,8 @@ def _uniform(seed: int, c0: int, c1: int, device) -> torch.Tensor:
         raise ValueError("_uniform: the range crosses a 2^32 index boundary")
     key = _round_key(seed, c0 >> 32)
     lo = torch.arange(c0 & _M32, (c0 & _M32) + (c1 - c0), dtype=torch.int64, device=device)
-    bits = _mix32(_mul32(lo, _HASH_GOLDEN) ^ key) >> 8
-    return bits.to(torch.float32) * _U24_SCALE  # 24-bit integers times 2^-24: exact
+    bits = _mix32(_mul32(lo, HASH_GOLDEN) ^ key) >> 8
+    return bits.to(torch.float32) * U24_SCALE  # 24-bit integers times 2^-24: exact
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -340,7 +336,7 @@ def _unpack(packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
 
 def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
     """Decode a torch-buffered encoding into `out`, a contiguous tensor of the target dtype
-    on the buffers' device (actcodec.torch.tensors.decode checks it). Agrees bit for bit with
+    on the buffers' device (actcodec.torch.backend.decode checks it). Agrees bit for bit with
     the C path."""
     bufs = _check_buffers(enc)
     n, es = enc.size, _dtypes.itemsize(enc.dtype)
@@ -354,7 +350,7 @@ def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
         flat_out.copy_(_dequantize(bufs, n, enc.dtype, target, enc.params).view(flat_out.dtype))
         return
     mask = _unpackbits(bufs[0], n)
-    nnz = container.bitmap_nnz(enc, bufs[0])
+    nnz = nonzero_count(enc, bufs[0])
     if enc.codec == "mask":
         value = _view(bufs[1], flat_out.dtype)
         flat_out.copy_(torch.where(mask, value, torch.zeros_like(value)))

@@ -4,7 +4,7 @@ Each Function computes in forward exactly what the plain op computes (the same a
 the same bits) and saves for backward only what backward needs: inputs as the policy says for
 the op and layer, ReLU and dropout masks at 1 bit per element, max-pool argmax positions as one
 small integer per output (uint8 for windows of up to 256 elements). Saved tensors come back
-with the layout they were saved with (actcodec.torch.layout).
+with the layout they were saved with (actcodec.torch.packed.Layout).
 
 Backward calls aten's public backward ops: convolution_backward, native_batch_norm_backward,
 native_layer_norm_backward, _softmax_backward_data, gelu_backward, silu_backward,
@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
-from . import accounting, packing
-from .layout import Layout
+from . import packed as packed_, save
+from .packed import Layout
 from .policy import Policy
 
 aten = torch.ops.aten
@@ -44,66 +44,24 @@ __all__ = ["linear", "conv1d", "conv2d", "relu", "gelu", "silu", "batch_norm", "
            "max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "dropout", "softmax",
            "matmul", "bmm"]
 
-_DEFAULT_POLICY = Policy()
-
-
 def _needs_grad(*tensors) -> bool:
     """True when autograd will record the op: grad mode on and some input requires grad."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _store(t: torch.Tensor, policy, op: str, layer) -> packing.Packed:
+def _store(t: torch.Tensor, policy, op: str, layer) -> packed_.Packed:
     """t compressed as the policy says for this op and layer (or as the recording's budget
-    plans it), and recorded."""
-    policy = _DEFAULT_POLICY if policy is None else policy
-    setting = policy.setting(op, layer, t.numel() * t.element_size())
-    limit = _limit()
-    if limit is not None and setting.codec != "keep":
-        setting, site = limit.setting_for(op, layer, t, setting)
-    t0 = time.perf_counter()
-    packed = packing.pack(t, setting, keep_dense=limit is None)
-    _record(packed, op, layer, time.perf_counter() - t0)
-    if limit is not None:
-        _within(limit, t, packed, setting, op, site if setting.codec != "keep" else None)
-    return packed
+    plans it), held and recorded by the running context's save session."""
+    return save.session().save(t, op, layer, policy, held=False)  # held by _save
 
 
-def _limit():
-    """The budget.Budget of the innermost recording, if it has a budget."""
-    acc = accounting.current()
-    return acc.budgeted() if acc is not None else None
-
-
-def _within(limit, t, packed, setting, op, site) -> None:
-    """Holds `packed` within the budget (re-encoded or paged out when room is short)."""
-    if packed.is_kept:  # held as it is by packing.save, which makes room for it
-        return
-    if packed.enc is None or site is None:
-        limit.admit_fixed(packed)
-    else:
-        limit.admit(t, packed, setting, op, site, packing.DEFAULT_STORE)
-
-
-def _store_mask(mask: torch.Tensor, policy, op: str, layer) -> packing.Packed:
+def _store_mask(mask: torch.Tensor, policy, op: str, layer) -> packed_.Packed:
     """A bool mask at 1 bit per element, whatever the policy."""
-    threads = None if policy is None else policy.threads
-    t0 = time.perf_counter()
-    packed = packing.pack_mask(mask, threads)
-    _record(packed, op, layer, time.perf_counter() - t0)
-    limit = _limit()
-    if limit is not None:
-        _within(limit, mask, packed, None, op, None)
-    return packed
+    return save.session().save_mask(mask, op, layer, policy)
 
 
-def _record(packed, op, layer, seconds) -> None:
-    acc = accounting.current()
-    if acc is None:
-        return
-    if packed.is_kept:
-        acc.kept += 1
-    else:
-        acc.add(layer, op, packed, seconds)
+def _save(ctx, *items) -> None:
+    save.session().save_for_backward(ctx, *items)
 
 
 def _shape_only(lay: Layout) -> torch.Tensor:
@@ -131,7 +89,7 @@ class LinearFunction(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, policy, layer):
         need_x, need_w, _ = ctx.needs_input_grad[:3]
-        packing.save(ctx, _store(x, policy, "linear", layer) if need_w else None,
+        _save(ctx, _store(x, policy, "linear", layer) if need_w else None,
                      weight if need_x else None)
         return F.linear(x, weight, bias)
 
@@ -139,7 +97,7 @@ class LinearFunction(Function):
     @once_differentiable
     def backward(ctx, g):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        x, w = packing.load(ctx)
+        x, w = save.load(ctx)
         g2 = g.reshape(-1, g.shape[-1])
         gx = g.matmul(w) if need_x else None
         gw = g2.t().mm(x.reshape(-1, x.shape[-1])) if need_w else None
@@ -162,7 +120,7 @@ class MatmulFunction(Function):
     def forward(ctx, a, b, policy, layer):
         need_a, need_b = ctx.needs_input_grad[:2]
         ctx.shapes = (a.shape, b.shape)
-        packing.save(ctx, _store(a, policy, "matmul", layer) if need_b else None,
+        _save(ctx, _store(a, policy, "matmul", layer) if need_b else None,
                      _store(b, policy, "matmul", layer) if need_a else None)
         return torch.matmul(a, b)
 
@@ -170,7 +128,7 @@ class MatmulFunction(Function):
     @once_differentiable
     def backward(ctx, g):
         need_a, need_b = ctx.needs_input_grad[:2]
-        a, b = packing.load(ctx)
+        a, b = save.load(ctx)
         a_shape, b_shape = ctx.shapes
         ga = _sum_to(g.matmul(b.mT), a_shape) if need_a else None
         gb = None
@@ -211,14 +169,14 @@ class ConvFunction(Function):
         ctx.bias_shape = None if bias is None else list(bias.shape)
         ctx.x_layout = Layout(x.detach(), None)
         need_w = ctx.needs_input_grad[1]
-        packing.save(ctx, _store(x, policy, "conv", layer) if need_w else None, weight)
+        _save(ctx, _store(x, policy, "conv", layer) if need_w else None, weight)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        x, w = packing.load(ctx)
+        x, w = save.load(ctx)
         if x is None:  # only the input's gradient is wanted: its values are never read
             x = _shape_only(ctx.x_layout)
         stride, padding, dilation, groups, nd = ctx.params
@@ -282,13 +240,13 @@ class ReLUFunction(Function):
         else:
             out = torch.relu(x)
         # threshold_backward passes the gradient where NOT (out <= 0): NaN outputs pass it too
-        packing.save(ctx, _store_mask(out.le(0).logical_not_(), policy, "relu", layer))
+        _save(ctx, _store_mask(out.le(0).logical_not_(), policy, "relu", layer))
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        (mask,) = packing.load(ctx)
+        (mask,) = save.load(ctx)
         return torch.where(mask, g, 0), None, None, None
 
 
@@ -305,13 +263,13 @@ class GELUFunction(Function):
     @staticmethod
     def forward(ctx, x, approximate, policy, layer):
         ctx.approximate = approximate
-        packing.save(ctx, _store(x, policy, "gelu", layer))
+        _save(ctx, _store(x, policy, "gelu", layer))
         return F.gelu(x, approximate=approximate)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        (x,) = packing.load(ctx)
+        (x,) = save.load(ctx)
         return aten.gelu_backward(g, x, approximate=ctx.approximate), None, None, None
 
 
@@ -330,15 +288,15 @@ class SiLUFunction(Function):
         packed = _store(x, policy, "silu", layer)
         if inplace:
             if packed.enc is None:  # kept as it is: it must not see the in-place result
-                packed = packing.keep(x.detach().clone())
+                packed = packed_.keep(x.detach().clone())
             ctx.mark_dirty(x)
-        packing.save(ctx, packed)
+        _save(ctx, packed)
         return F.silu(x, inplace=inplace)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        (x,) = packing.load(ctx)
+        (x,) = save.load(ctx)
         return aten.silu_backward(g, x), None, None, None
 
 
@@ -363,7 +321,7 @@ class BatchNormFunction(Function):
         ctx.eps = eps
         ctx.x_layout = Layout(x.detach(), None)
         need_x, need_w, _ = ctx.needs_input_grad[:3]
-        packing.save(ctx, _store(x, policy, "batch_norm", layer) if need_x or need_w else None,
+        _save(ctx, _store(x, policy, "batch_norm", layer) if need_x or need_w else None,
                      weight, mean, invstd)
         return out
 
@@ -371,7 +329,7 @@ class BatchNormFunction(Function):
     @once_differentiable
     def backward(ctx, g):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        x, w, mean, invstd = packing.load(ctx)
+        x, w, mean, invstd = save.load(ctx)
         if x is None:  # only the bias's gradient: the input's values are never read
             x = _shape_only(ctx.x_layout)
         mask = [need_x, need_w and w is not None, need_b]
@@ -404,7 +362,7 @@ class LayerNormFunction(Function):
         ctx.normalized_shape = normalized_shape
         ctx.x_layout = Layout(x.detach(), None)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
-        packing.save(ctx, _store(x, policy, "layer_norm", layer) if need_x or need_w else None,
+        _save(ctx, _store(x, policy, "layer_norm", layer) if need_x or need_w else None,
                      weight, bias, mean, rstd)
         return out
 
@@ -412,7 +370,7 @@ class LayerNormFunction(Function):
     @once_differentiable
     def backward(ctx, g):
         need_x, _, need_w, need_b = ctx.needs_input_grad[:4]
-        x, w, b, mean, rstd = packing.load(ctx)
+        x, w, b, mean, rstd = save.load(ctx)
         if x is None:
             x = _shape_only(ctx.x_layout)
         mask = [need_x, need_w and w is not None, need_b and b is not None]
@@ -456,20 +414,20 @@ class MaxPool2dFunction(Function):
         local.add_(col.sub_(ow).div_(dilation[1], rounding_mode="floor"))
         area = kernel[0] * kernel[1]
         dtype = torch.uint8 if area <= 256 else torch.int16 if area <= 2**15 else torch.int32
-        packed = packing.Packed(kept=local.to(dtype), layout=Layout(local, None),
+        packed = packed_.Packed(kept=local.to(dtype), layout=Layout(local, None),
                                 original_nbytes=8 * local.numel())
         packed.version = None  # ours alone: nothing else can change it
-        _record(packed, "max_pool", layer, time.perf_counter() - t0)
+        save.session().adopt(packed, "max_pool", layer, time.perf_counter() - t0)
         ctx.params = (kernel, stride, padding, dilation, ceil_mode)
         ctx.x_layout = Layout(x.detach(), None)
-        packing.save(ctx, packed)
+        _save(ctx, packed)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
         kernel, stride, padding, dilation, ceil_mode = ctx.params
-        (local,) = packing.load(ctx)
+        (local,) = save.load(ctx)
         oh, ow = _window_offsets(local.shape[-2:], kernel, stride, padding, local.device)
         kh = local.div(kernel[1], rounding_mode="floor")
         kw = local.sub_(kh * kernel[1])
@@ -573,7 +531,7 @@ class DropoutFunction(Function):
             torch.tensor(1.0 / (1.0 - p), dtype=torch.float64).to(opmath).item()
             == scale.to(opmath).item())
         ctx.scale = scale.item() if x.device.type == "cpu" else 1.0 / (1.0 - p)
-        packing.save(ctx, _store_mask(mask, policy, "dropout", layer))
+        _save(ctx, _store_mask(mask, policy, "dropout", layer))
         if inplace:
             ctx.mark_dirty(x)
             return x.mul_(mask).mul_(scale.to(x.device))
@@ -582,7 +540,7 @@ class DropoutFunction(Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        (mask,) = packing.load(ctx)
+        (mask,) = save.load(ctx)
         return aten.native_dropout_backward(g, mask.to(g.device), ctx.scale), None, None, None, \
             None
 
@@ -604,13 +562,13 @@ class SoftmaxFunction(Function):
     def forward(ctx, x, dim, policy, layer):
         out = torch._softmax(x, dim, False)
         ctx.dim, ctx.dtype = dim, x.dtype
-        packing.save(ctx, _store(out, policy, "softmax", layer))
+        _save(ctx, _store(out, policy, "softmax", layer))
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        (out,) = packing.load(ctx)
+        (out,) = save.load(ctx)
         return aten._softmax_backward_data(g, out, ctx.dim, ctx.dtype), None, None, None
 
 

@@ -17,7 +17,9 @@ import copy
 import fnmatch
 from dataclasses import dataclass, field, replace
 
-from .packing import KEEP, Setting
+import torch
+
+from .. import encoder, quant
 
 OP_KINDS = ("input", "linear", "conv", "relu", "gelu", "silu", "batch_norm", "layer_norm",
             "group_norm", "max_pool", "avg_pool", "dropout", "softmax", "matmul", "other")
@@ -37,14 +39,52 @@ PRESETS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
+class Setting:
+    """How to store one tensor. codec: "auto" (the smallest that `bits` allows), "raw",
+    "bitmap", "mask", "quant", "bitmap_quant", or "keep" (store it uncompressed).
+    bits=None: lossless. threads: codec threads (None: torch.get_num_threads())."""
+
+    codec: str = "auto"
+    bits: int | None = 8
+    group_size: int | None = 256
+    rounding: str = "nearest"
+    seed: int = 0
+    threads: int | None = None
+
+    def __post_init__(self):
+        if self.codec != "keep":
+            params = encoder.check(self.codec, self.bits, self.group_size, self.rounding,
+                                   "raise", self.seed % 2**64, 0.0)
+        elif self.bits is not None:
+            params = quant.check_params(self.bits, self.group_size, self.rounding, "raise",
+                                        self.seed % 2**64)
+        else:
+            params = None
+        object.__setattr__(self, "params", params)  # the codec's parameters, checked
+
+    def codec_kwargs(self) -> dict:
+        if self.bits is None:
+            return {}
+        return {"bits": self.bits, "group_size": self.group_size, "rounding": self.rounding,
+                "seed": self.seed % 2**64}
+
+    def thread_count(self) -> int:
+        return self.threads if self.threads is not None else max(1, torch.get_num_threads())
+
+
+LOSSLESS = Setting(bits=None)
+KEEP = Setting(codec="keep", bits=None)
+
+
+@dataclass(frozen=True)
 class Policy:
     """How saved activations are stored (see the module docstring for the rules).
 
     bits: 1, 2, 4, 8, or None for lossless only; codec: "auto" picks the smallest encoding
     the bits allow per tensor by its density (k-bit dense, bitmap + k-bit nonzeros, bitmap,
-    raw), or name one. rounding "stochastic" draws from a seed that changes every step
-    (`next_step()`) and every tensor. overrides: {op kind or layer pattern: dict of Setting
+    raw), or name one. rounding "stochastic" draws from a seed that changes every step and
+    every tensor (`draw`: the save session numbers them). overrides: {op kind or layer pattern: dict of Setting
     fields, or None to keep those tensors uncompressed}. threads: the codec's threads per
     call (None: torch.get_num_threads() at that moment).
     """
@@ -59,17 +99,19 @@ class Policy:
     overrides: dict = field(default_factory=dict)
     min_bytes: int = 16 * 1024
     threads: int | None = None
-    step: int = 0
 
     def __post_init__(self):
-        self._base = Setting(self.codec, self.bits, self.group_size, self.rounding,
-                             threads=self.threads)
+        base = Setting(self.codec, self.bits, self.group_size, self.rounding,
+                       threads=self.threads)
+        object.__setattr__(self, "_base", base)
         if self.sensitive_bits is not None:
             Setting(bits=self.sensitive_bits)  # validates
         for key, value in self.overrides.items():
             if value is not None:
-                replace(self._base, **value)  # unknown fields or bad values raise here
-        self._counter = 0
+                replace(base, **value)  # unknown fields or bad values raise here
+
+    def __hash__(self):
+        return id(self)
 
     @classmethod
     def preset(cls, name: str, **changes) -> "Policy":
@@ -84,13 +126,10 @@ class Policy:
             raise ValueError(f"unknown policy preset {name!r}; known: {', '.join(PRESETS)}")
         return cls(**{**copy.deepcopy(PRESETS[name]), **changes})
 
-    def next_step(self) -> None:
-        """Start a new training step: stochastic rounding draws fresh numbers."""
-        self.step += 1
-        self._counter = 0
-
-    def setting(self, op: str, layer: str | None = None, nbytes: int | None = None):
-        """The Setting for one tensor saved by `op` in `layer`, or KEEP."""
+    def setting(self, op: str, layer: str | None = None, nbytes: int | None = None,
+                draw: tuple = (0, 0)):
+        """The Setting for one tensor saved by `op` in `layer`, or KEEP. draw: (step, index
+        of the save in the step), which a stochastic rounding's seed mixes in."""
         if nbytes is not None and nbytes < self.min_bytes:
             return KEEP
         found, chosen = False, None
@@ -114,8 +153,7 @@ class Policy:
         if s.rounding == "stochastic":
             # A distinct stream per step and per tensor: the same seed for every tensor would
             # round correlated positions of different tensors the same way.
-            self._counter += 1
-            s = replace(s, seed=_mix(self.seed, self.step, self._counter))
+            s = replace(s, seed=_mix(self.seed, *draw))
         return s
 
     @staticmethod

@@ -1,21 +1,15 @@
-"""Tensors and the codecs: CPU tensors go to the C codecs through zero-copy numpy views of
-their memory, and decode writes straight into a tensor's memory; tensors on other devices go
-to `device`, which computes the same format with torch ops on their own device."""
+"""The torch backend of the core (actcodec.backends): CPU tensors go to the C codecs through
+zero-copy numpy views of their memory, and decode writes straight into a tensor's memory;
+tensors on other devices go to actcodec.torch.device, which computes the same format with
+torch ops on their own device. Importing actcodec.torch registers it."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .. import _options, choice, container
-
-TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                "float64": torch.float64, "bool": torch.bool}
-NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-# same-size integer views of the element bits (numpy has no bfloat16)
-_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-         torch.float64: torch.int64, torch.bool: torch.uint8}
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
+from .. import _options, backends, container, encoder
+from . import device
+from .dtypes import BITS, NAMES, TORCH_DTYPES, UNSIGNED
 
 def dtype_name(t: torch.Tensor) -> str:
     if t.dtype not in NAMES:
@@ -33,8 +27,13 @@ def host_bits(t: torch.Tensor) -> tuple[np.ndarray, str]:
         t = t.resolve_neg().resolve_conj()
     if not t.is_contiguous():
         t = t.contiguous()
-    flat = t.reshape(-1).view(_BITS[t.dtype]).numpy()
-    return flat.view(_UNSIGNED[flat.itemsize]), name
+    return bits_of(t), name
+
+
+def bits_of(t: torch.Tensor) -> np.ndarray:
+    """The element bits of a contiguous CPU tensor of a codec dtype, as flat unsigned numpy."""
+    flat = t.reshape(-1).view(BITS[t.dtype]).numpy()
+    return flat.view(UNSIGNED[flat.itemsize])
 
 
 def wrap(buf: np.ndarray) -> torch.Tensor:
@@ -53,7 +52,7 @@ def encode(t: torch.Tensor, codec: str = "auto", **params) -> container.Encoded:
     """`actcodec.encode` for a tensor: buffers are uint8 tensors on its device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
-    return choice.encode(t, codec, **params)
+    return encoder.encode(t, codec, **params)
 
 
 def decode(enc: container.Encoded, out: torch.Tensor | None = None, dtype=None, *,
@@ -66,15 +65,13 @@ def decode(enc: container.Encoded, out: torch.Tensor | None = None, dtype=None, 
             raise TypeError(f"cannot decode to {dtype}")
         dtype = NAMES[dtype]
     target = enc.decode_dtype(dtype)
-    device = enc.device if enc.is_torch else torch.device("cpu")
+    where = enc.device if enc.is_torch else torch.device("cpu")
     if out is None:
-        out = torch.empty(enc.shape, dtype=TORCH_DTYPES[target], device=device)
+        out = torch.empty(enc.shape, dtype=TORCH_DTYPES[target], device=where)
     else:
-        _check_out(out, enc, target, device)
-    if device.type != "cpu":
-        from . import device as dev
-
-        dev.decode_into(enc, memory_order(out), target)
+        _check_out(out, enc, target, where)
+    if where.type != "cpu":
+        device.decode_into(enc, memory_order(out), target)
         return out
     enc.decode_into(byte_view(memory_order(out)), target, _options.resolve(threads, simd))
     return out
@@ -102,3 +99,52 @@ def _check_out(out, enc, target, device):
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(enc.shape)}")
     if out.device != device:
         raise ValueError(f"out is on {out.device}, the encoding on {device}")
+
+
+class TorchBackend:
+    """What the core needs of torch tensors (see actcodec.backends)."""
+
+    name = "torch"
+
+    @staticmethod
+    def host_bits(t):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            return None
+        flat, name = host_bits(t)
+        return flat, name, tuple(int(d) for d in t.shape)
+
+    wrap = staticmethod(wrap)
+
+    @staticmethod
+    def encode(t, codec, **settings):
+        return device.encode(t, codec, **settings)  # the module, not the method below
+
+    @staticmethod
+    def decode(enc, out, dtype, *, threads=None, simd=None):
+        return decode(enc, out, dtype, threads=threads, simd=simd)
+
+    @staticmethod
+    def host_bytes(buf) -> np.ndarray:
+        if buf.device.type != "cpu":
+            raise ValueError(f"buffer is on {buf.device}; copy it to the CPU first")
+        return byte_view(buf.detach())
+
+    @staticmethod
+    def to_numpy(buf) -> np.ndarray:
+        return byte_view(buf.detach().to("cpu"))
+
+    @staticmethod
+    def device(buf):
+        return buf.device
+
+    @staticmethod
+    def from_numpy(buf, where):
+        if isinstance(buf, torch.Tensor):
+            return buf.to(where)
+        buf = np.asarray(buf)
+        return torch.from_numpy(buf if buf.flags.writeable else buf.copy()).to(where)
+
+
+backends.register("torch", TorchBackend())

@@ -1,0 +1,52 @@
+"""The noise model: how much error each choice of bits and group size would add to a save,
+relative to its energy and weighted by how its op's backward amplifies it (AMPLIFY), from the
+group ranges the quantizer computed anyway (or the tensor's own, per group)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import choice
+from .planner import AMPLIFY, GROUPS
+
+
+def noise_at_one_bit(t: torch.Tensor, enc, op: str) -> dict:
+    """Per group size, the weighted relative noise energy 1-bit quantization of t would add:
+    from the group minima and step sizes of its encoding `enc` (quant or bitmap_quant; group
+    sizes its own and coarser), else from t's own min/max per group."""
+    energy = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) ** 2
+    if energy == 0 or not math.isfinite(energy):
+        return {g: 0.0 for g in GROUPS}
+    if enc is not None and enc.codec in choice.LOSSY and enc.params["group_size"] in GROUPS:
+        bits, group = enc.params["bits"], enc.params["group_size"]
+        mins, scales = (_floats(b) for b in enc.buffers[-2:])  # the last two: stats per group
+        lo, hi = mins, mins + scales * ((1 << bits) - 1)
+    else:
+        group = GROUPS[0]
+        flat = t.detach().reshape(-1).float()
+        whole = flat.numel() // group * group
+        if whole == 0:
+            return {g: 0.0 for g in GROUPS}
+        lo, hi = torch.aminmax(flat[:whole].view(-1, group), dim=1)
+        lo, hi = lo.double(), hi.double()
+    out = {}
+    for g in GROUPS:
+        if g % group:
+            continue
+        k = g // group
+        m = lo.numel() // k * k
+        if m == 0:
+            continue
+        glo = lo[:m].view(-1, k).amin(dim=1)
+        ghi = hi[:m].view(-1, k).amax(dim=1)
+        out[g] = AMPLIFY.get(op, 1.0) * float(((ghi - glo) ** 2).sum()) * g / 12.0 / energy
+    return out
+
+
+def _floats(buf) -> torch.Tensor:
+    """A payload buffer of float32 values as a float64 tensor."""
+    if isinstance(buf, torch.Tensor):
+        return buf.view(torch.float32).double()
+    return torch.from_numpy(np.asarray(buf).view(np.float32)).double()

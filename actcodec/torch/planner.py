@@ -1,0 +1,116 @@
+"""The budget's planner: pure functions of numbers. Sites' bytes and error per choice, and a
+budget, in; a choice per site out. No torch, no locks: the save path feeds it what it learned
+(actcodec.torch.budget), the noise model gives the errors (actcodec.torch.noise).
+
+Each save is a *site* (its op, layer, shape and dtype, and how many such saves came before it
+in the step). A choice is (bits, group size), or None for lossless; the noise energy a choice
+adds is known from the group ranges at 1 bit: at k bits it is that of 1 bit over (2^k - 1)^2.
+`plan` gives every site its choice greedily by error removed per byte (DAF 3.4.1), each up
+the lower convex hull of its (bytes, error) choices: all start at the fewest bytes, and the
+step up with the best ratio is taken while the total fits the budget.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+from .. import choice
+
+# What a save may be stored as: (bits, group size) or None (lossless). Groups of 64 cost a bit
+# per element more than groups of 256. 2 bits come in groups of 64 only: the noise model
+# underrates 2-bit groups of 256 (with them a ResNet-18's gradient cosine at the 2-bit preset's
+# bytes fell from 0.84 to 0.58, bench/budget_fidelity.py); 1 bit leaves cosines near 0.3.
+CHOICES = ((2, 64), (4, 256), (4, 64), (8, 256), (8, 64), None)
+GROUPS = (64, 256)  # each a multiple of the one before: finer stats give the coarser exactly
+MIN_BITS = 2  # what making room re-encodes down to before it pages out
+# Saves whose op amplifies error (AMPLIFY) take at least this many bits, in the plan and when
+# making room: below it, what does not fit is paged out instead. All at 2 bits, a byte-level
+# language model's LayerNorm and softmax saves made its training diverge (the demo's text task).
+SENSITIVE_MIN_BITS = 4
+MARGIN = 0.03  # of the budget the plan leaves for payloads whose size follows the data
+AMPLIFY = {"batch_norm": 64.0, "layer_norm": 64.0, "group_norm": 64.0, "softmax": 64.0,
+           "input": 64.0}
+
+@dataclass
+class Site:
+    """What a step learned about one save: its element count, nonzeros and element size, and
+    per group size its weighted noise at 1 bit relative to its energy (0: no error)."""
+
+    n: int
+    nnz: int
+    esize: int
+    noise1: dict
+    min_bits: int = MIN_BITS
+
+    def _sizes(self, c) -> dict:
+        bits, group = c if c is not None else (None, None)
+        return choice.sizes_from_counts(self.n, self.nnz, self.esize, bits, group)
+
+    def nbytes(self, c) -> int:
+        sizes = self._sizes(c)
+        return sizes[choice.smallest(sizes)]
+
+    def error(self, c) -> float:
+        if c is None or choice.smallest(self._sizes(c)) not in choice.LOSSY:
+            return 0.0
+        bits, group = c
+        return self.noise1[group] / float((1 << bits) - 1) ** 2
+
+    def ladder(self) -> list:
+        """The choices worth taking, fewest bytes first: the lower convex hull of (bytes,
+        error), so each step up removes less error per byte than the one before."""
+        points = sorted(((self.nbytes(c), self.error(c), i) for i, c in enumerate(CHOICES)
+                         if c is None or (c[1] in self.noise1 and c[0] >= self.min_bits)))
+        hull: list = []
+        for b, e, i in points:
+            if hull and e >= hull[-1][1]:
+                continue  # more bytes for no less error
+            while len(hull) >= 2:
+                (b1, e1, _), (b2, e2, _) = hull[-2], hull[-1]
+                if (e1 - e2) * (b - b2) <= (e2 - e) * (b2 - b1):  # the middle one gains less
+                    hull.pop()
+                else:
+                    break
+            hull.append((b, e, i))
+        return [CHOICES[i] for _, _, i in hull]
+
+
+def plan(sites: dict, budget: int) -> dict:
+    """{site key: choice} within `budget` bytes in all: greedy by error removed per byte."""
+    keys = list(sites)
+    ladders = [sites[k].ladder() for k in keys]
+    at = [0] * len(keys)
+    total = sum(sites[k].nbytes(lad[0]) for k, lad in zip(keys, ladders))
+    heap: list = []
+
+    def push(i):
+        lad, site = ladders[i], sites[keys[i]]
+        if at[i] + 1 < len(lad):
+            now, nxt = lad[at[i]], lad[at[i] + 1]
+            cost = site.nbytes(nxt) - site.nbytes(now)
+            gain = site.error(now) - site.error(nxt)
+            heapq.heappush(heap, (-(gain / cost) if cost > 0 else -math.inf, i, cost))
+
+    for i in range(len(keys)):
+        push(i)
+    while heap:
+        _, i, cost = heapq.heappop(heap)
+        if total + cost <= budget:
+            total += cost
+            at[i] += 1
+            push(i)
+    return {k: lad[a] for k, lad, a in zip(keys, ladders, at)}
+
+
+def min_bits(op: str) -> int:
+    """The fewest bits a save by `op` may take."""
+    return SENSITIVE_MIN_BITS if AMPLIFY.get(op, 1.0) > 1.0 else MIN_BITS
+
+
+def with_choice(setting, c):
+    """`setting` as choice `c` says: (bits, group size), or None for lossless."""
+    if c is None:
+        codec = "auto" if setting.codec in choice.LOSSY else setting.codec
+        return replace(setting, bits=None, codec=codec)
+    return replace(setting, bits=c[0], group_size=c[1])
