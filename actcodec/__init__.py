@@ -4,6 +4,10 @@ numpy users: ``actcodec.encode(x)`` (or ``actcodec.bitmap.encode(x)``, ...) retu
 `Encoded`; ``.decode()`` restores the array, ``.to_bytes()`` / ``actcodec.from_bytes()``
 store and load it. Every call takes ``threads=`` and ``simd=``; ``set_num_threads`` and
 ``set_simd`` set only the defaults for calls that name none.
+
+Extending: a codec is a class of ``actcodec.abc.Codec`` registered with
+``actcodec.registry.register``; an array library is a backend registered with
+``actcodec.backends.register`` (``actcodec.torch`` registers torch's).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ if _ext._init() != 0:
         + f"; available here: {', '.join(_avail)}"
     )
 
-from . import _options, bitmap, bitmap_quant, mask, quant, raw, registry  # noqa: E402
+from . import _options, backends, bitmap, bitmap_quant, mask, quant, raw, registry  # noqa: E402
 
 # The built-in codecs, in the order the codec choice breaks ties of size (lossless first).
 for _codec in (raw.Raw(), bitmap.Bitmap(), mask.Mask(), quant.Quant(),
@@ -81,6 +85,6 @@ def simd_info() -> dict:
 
 __all__ = [
     "Auto", "Bitmap", "BitmapQuant", "Codec", "Encoded", "Mask", "NonFiniteError", "Quant",
-    "Raw", "bitmap", "bitmap_quant", "encode", "from_bytes", "get_num_threads", "get_simd",
-    "mask", "quant", "raw", "set_num_threads", "set_simd", "simd_info",
+    "Raw", "backends", "bitmap", "bitmap_quant", "encode", "from_bytes", "get_num_threads",
+    "get_simd", "mask", "quant", "raw", "registry", "set_num_threads", "set_simd", "simd_info",
 ]

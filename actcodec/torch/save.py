@@ -232,9 +232,8 @@ class SaveSession:
                 return packed
         op, layer = self._where(t)
         packed = self.save(t, op, layer)
-        if packed.is_kept:
-            self.stats.kept -= 1  # counted again by _keep
-            return self._keep(t, packed)
+        if packed.is_kept:  # counted as kept by save; held here
+            return self._keep(t, packed, counted=True)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
 
@@ -259,13 +258,15 @@ class SaveSession:
             return "input", layer
         return "other", layer
 
-    def _keep(self, t: torch.Tensor, packed: Packed | None = None) -> Packed:
+    def _keep(self, t: torch.Tensor, packed: Packed | None = None,
+              counted: bool = False) -> Packed:
         """The tensor as it is, with its version at save time: autograd checks the versions
         of what it saves itself, not of what a pack hook returns; without this, an in-place
         change between forward and backward that plain PyTorch refuses would give wrong
         gradients silently. Its bytes count as held: the stretch of its storage it reaches (a
         view of a larger storage, such as a batch sliced from a dataset, holds no more)."""
-        self.stats.kept += 1
+        if not counted:
+            self.stats.kept += 1
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                tuple(t.stride()), t._version, t.device)
         hit = self._kept.get(key)
