@@ -32,6 +32,7 @@ MARGIN = 0.03  # of the budget the plan leaves for payloads whose size follows t
 AMPLIFY = {"batch_norm": 64.0, "layer_norm": 64.0, "group_norm": 64.0, "softmax": 64.0,
            "input": 64.0}
 
+
 @dataclass
 class Site:
     """What a step learned about one save: its element count, nonzeros and element size, and

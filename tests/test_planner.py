@@ -1,0 +1,68 @@
+"""The budget's planner alone: numbers in, a choice per site out (no torch involved)."""
+import itertools
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+pytest.importorskip("torch")  # the planner lives in actcodec.torch, though it uses none of it
+from actcodec.torch import planner  # noqa: E402
+
+
+@st.composite
+def sites(draw, max_sites=3):
+    out = {}
+    for i in range(draw(st.integers(1, max_sites))):
+        n = draw(st.integers(64, 4096))
+        fine = draw(st.floats(1e-6, 10.0))
+        out[i] = planner.Site(n=n, nnz=draw(st.integers(0, n)), esize=draw(st.sampled_from([2, 4])),
+                              noise1={64: fine, 256: fine * draw(st.floats(1.0, 8.0))},
+                              min_bits=draw(st.sampled_from([2, 4])))
+    return out
+
+
+def cost(sites, plan):
+    return sum(sites[k].nbytes(c) for k, c in plan.items())
+
+
+def error(sites, plan):
+    return sum(sites[k].error(c) for k, c in plan.items())
+
+
+def best(sites, budget):
+    """The least error of any choice on the sites' ladders within `budget` (brute force)."""
+    keys = list(sites)
+    errors = [error(sites, dict(zip(keys, combo)))
+              for combo in itertools.product(*(sites[k].ladder() for k in keys))
+              if cost(sites, dict(zip(keys, combo))) <= budget]
+    return min(errors) if errors else None
+
+
+@settings(max_examples=200, deadline=None)
+@given(sites(), st.floats(0.0, 1.5))
+def test_the_plan_fits_and_is_near_the_best(sites, fraction):
+    floor = sum(s.nbytes(s.ladder()[0]) for s in sites.values())
+    top = sum(s.nbytes(s.ladder()[-1]) for s in sites.values())
+    budget = int(floor + fraction * (top - floor))
+    plan = planner.plan(sites, budget)
+    assert all(plan[k] in sites[k].ladder() for k in sites)
+    assert cost(sites, plan) <= max(budget, floor)
+    if budget >= top:
+        assert error(sites, plan) == min(error(sites, {k: c for k, c in zip(sites, combo)})
+                                         for combo in itertools.product(
+                                             *(s.ladder() for s in sites.values())))
+    # Greedy by error removed per byte up convex ladders: no worse than the best plan with the
+    # largest single step less to spend.
+    steps = [s.nbytes(b) - s.nbytes(a) for s in sites.values()
+             for a, b in zip(s.ladder(), s.ladder()[1:])]
+    smaller = best(sites, budget - max(steps, default=0))
+    assert smaller is None or error(sites, plan) <= smaller + 1e-12
+
+
+def test_a_ladder_is_convex_and_respects_min_bits():
+    site = planner.Site(n=4096, nnz=4096, esize=4, noise1={64: 1.0, 256: 2.0}, min_bits=4)
+    ladder = site.ladder()
+    assert all(c is None or c[0] >= 4 for c in ladder) and ladder[-1] is None
+    points = [(site.nbytes(c), site.error(c)) for c in ladder]
+    assert [b for b, _ in points] == sorted(b for b, _ in points)
+    ratios = [(e0 - e1) / (b1 - b0) for (b0, e0), (b1, e1) in zip(points, points[1:])]
+    assert ratios == sorted(ratios, reverse=True)
