@@ -45,3 +45,12 @@ def test_budget_lines_split_the_peak_against_the_floor_and_offload():
     assert "budget + working set 360 MiB" in lines[0]
     assert lines[1].startswith("offload+store: budget 0 MiB") and "offload's" not in lines[1]
     assert len(lines) == 2  # budget/8 under glibc has no plain run beside it
+
+
+def test_configuration_suffixes_are_store_or_heap():
+    from actcodec.apps import configs
+
+    for ok in ("8bit", "8bit+heap", "fp32+store", "budget/4+heap"):
+        configs.check(ok)
+    with pytest.raises(SystemExit, match="suffix"):
+        configs.check("8bit+stor")

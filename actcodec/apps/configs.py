@@ -7,7 +7,9 @@ one runs in:
   saves (the demo's ``budget/N-halved`` halves it half-way through training); ``offload``
   (OFFLOAD): a budget of 0, every save paged out.
 
-A ``+store`` suffix (actcodec's torch allocator installed) is the caller's to split off.
+A suffix is the caller's to split off: ``+store`` installs actcodec's torch allocator by hand
+(plain runs too), ``+heap`` keeps torch's (``compress_saved(allocator=False)``); without one,
+compress_saved installs it on first use, as it does for every user.
 """
 from __future__ import annotations
 
@@ -35,10 +37,15 @@ def is_budget(name: str) -> bool:
     return name == OFFLOAD or budget_divisor(name) is not None
 
 
+SUFFIXES = ("", "store", "heap")
+
+
 def check(config: str) -> None:
-    """A clear error for a configuration (with or without "+store") whose name is none: SystemExit
-    for a bad budget/N, ValueError for an unknown preset."""
-    name = config.partition("+")[0]
+    """A clear error for a configuration whose name or suffix is none: SystemExit for a bad
+    budget/N or suffix, ValueError for an unknown preset."""
+    name, _, suffix = config.partition("+")
+    if suffix not in SUFFIXES:
+        raise SystemExit(f"--configs: {config!r}: the suffix is '+store' or '+heap'")
     if name.startswith("budget/"):
         if budget_divisor(name) is None:
             raise SystemExit(f"--configs: {config!r}: budget/N takes a whole N >= 1")
@@ -57,30 +64,30 @@ def new_plain_step(name: str, allocator: bool) -> None:
         store.new_step(None)
 
 
-def budget_context(name: str, model, loss_fn):
+def budget_context(name: str, model, loss_fn, allocator: bool = True):
     """For a budget configuration: compress_saved with a budget of 1/N of what plain fp32 saves
     for loss_fn(model) ("budget/N"), or of 0 ("offload"), to enter every step (the budget
-    learns from the steps before)."""
+    learns from the steps before). allocator: compress_saved's."""
     import actcodec.torch as act
 
     if name == OFFLOAD:
         budget = 0
     else:
         budget = act.count_saved(lambda: loss_fn(model)) // budget_divisor(name)
-    return act.compress_saved(model=model, budget=budget)
+    return act.compress_saved(model=model, budget=budget, allocator=allocator)
 
 
-def step_contexts(name: str, model, loss_fn):
-    """A function giving the context each step of configuration `name` (no "+store") runs in:
+def step_contexts(name: str, model, loss_fn, allocator: bool = True):
+    """A function giving the context each step of configuration `name` (no suffix) runs in:
     a null context for the plain ones; one budget context, made now, for every step of a
     budget (it learns from the steps before); a fresh compress_saved of the preset per call
     for a preset."""
     if name in PLAIN:
         return contextlib.nullcontext
     if is_budget(name):
-        ctx = budget_context(name, model, loss_fn)
+        ctx = budget_context(name, model, loss_fn, allocator)
         return lambda: ctx
     import actcodec.torch as act
 
     policy = act.Policy.preset(name)
-    return lambda: act.compress_saved(policy, model=model)
+    return lambda: act.compress_saved(policy, model=model, allocator=allocator)

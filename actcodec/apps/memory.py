@@ -11,10 +11,11 @@ Models: ``cnn`` (a ResNet-style CNN, random data), ``gpt2`` and ``resnet`` (tran
 models built from a config, random weights, nothing downloaded; needs transformers), or
 ``package.module:function``, your own: a function returning ``(model, loss_fn)`` with
 ``loss_fn(model)`` a training loss (zoo.py). Configurations: ``fp32``, any ``Policy.preset``
-name, ``checkpoint`` (built-in models), budget/N, offload (configs.py), each with an optional
-``+store`` suffix: actcodec's torch allocator installed (actcodec.torch.allocator). glibc (or
-whatever allocator you preload) runs as your process has it: nothing is set in the
-environment.
+name, ``checkpoint`` (built-in models), budget/N, offload (configs.py). compress_saved installs
+actcodec's torch allocator (actcodec.torch.allocator) on first use, as for every user; a
+``+store`` suffix installs it by hand (plain runs too), ``+heap`` keeps torch's
+(``allocator=False``). glibc (or whatever allocator you preload) runs as your process has it:
+nothing is set in the environment.
 
 This module is the command: its options, the parent that starts one worker
 (memory_worker.py) per configuration, and the table. It imports no torch itself.
@@ -32,7 +33,7 @@ from . import configs
 from .zoo import BUILTIN
 
 MiB = 2**20
-DEFAULT_CONFIGS = "fp32,fp32+store,8bit+store,2bit+store,checkpoint"
+DEFAULT_CONFIGS = "fp32,fp32+store,8bit,2bit,8bit+heap,checkpoint"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated (default {DEFAULT_CONFIGS}): fp32, checkpoint, a "
                         "Policy preset, budget/N (a budget of 1/N of what fp32 saves), offload "
                         "(a budget of 0: every save paged out); "
-                        "'+store': actcodec's torch allocator installed")
+                        "(compress_saved installs actcodec's torch allocator on first use); "
+                        "'+store': installed by hand (plain runs too), '+heap': torch's kept")
     p.add_argument("--steps", type=int, default=3, help="measured steps after the warm-up")
     p.add_argument("--warm-up", type=int, default=1,
                    help="steps before the measured ones (a budget plans from its first step, "
@@ -121,9 +123,15 @@ def _run_worker(args, config: str) -> dict:
 # ---- the table ----
 
 def _runs_of(results: list[dict], name: str) -> dict:
-    """The runs of configuration `name` by allocator ("" or "store")."""
-    return {r["config"].partition("+")[2]: r for r in results
-            if r["config"].partition("+")[0] == name}
+    """The runs of configuration `name` by the allocator torch's large tensors come from:
+    "" (torch's) or "store" (actcodec's, installed by hand)."""
+    return {_allocator(r): r for r in results if r["config"].partition("+")[0] == name}
+
+
+def _allocator(run: dict) -> str:
+    """"store" for a run whose suffix installed actcodec's allocator by hand, else "" (a plain
+    run, or "+heap": torch's allocator; compress_saved's own install counts as the user's)."""
+    return "store" if run["config"].partition("+")[2] == "store" else ""
 
 
 def format_table(results: list[dict]) -> str:
@@ -132,7 +140,7 @@ def format_table(results: list[dict]) -> str:
             "step ms", "measured / computed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        base = plain.get(r["config"].partition("+")[2])
+        base = plain.get(_allocator(r))
         ratio = "-"
         if base is not None and base is not r:
             computed = base["saved_bytes"] - r["saved_bytes"]
@@ -154,7 +162,7 @@ def budget_lines(results: list[dict]) -> list[str]:
     plain, offload = _runs_of(results, "fp32"), _runs_of(results, configs.OFFLOAD)
     out = []
     for r in results:
-        allocator = r["config"].partition("+")[2]
+        allocator = _allocator(r)
         base = plain.get(allocator)
         if r.get("budget") is None or base is None or base.get("floor_live") is None:
             continue

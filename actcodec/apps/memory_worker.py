@@ -24,10 +24,11 @@ def _measure_from_here(sampler) -> tuple:
 
 def run(spec: str, config: str, steps: int, sizes: dict, threads: int,
         warm_up: int = 1, threshold: int | None = None) -> dict:
-    """Train model `spec` under `config` ("name" or "name+store") for `warm_up` + `steps`
-    steps; the measured steps' numbers (a JSON-ready dict)."""
+    """Train model `spec` under `config` ("name", "name+store" or "name+heap") for `warm_up` +
+    `steps` steps; the measured steps' numbers (a JSON-ready dict)."""
     torch.set_num_threads(threads)
-    name, _, store = config.partition("+")
+    name, _, suffix = config.partition("+")
+    store = suffix == "store"
     if store:
         act.allocator.install(threshold or act.allocator.THRESHOLD)
     model, loss_fn = zoo.build(spec, sizes)
@@ -36,7 +37,7 @@ def run(spec: str, config: str, steps: int, sizes: dict, threads: int,
         zoo.enable_checkpointing(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     plain = name in configs.PLAIN
-    contexts = configs.step_contexts(name, model, loss_fn)
+    contexts = configs.step_contexts(name, model, loss_fn, allocator=suffix != "heap")
     budget = contexts().budget if configs.is_budget(name) else None  # one context all along
     sampler = Sampler()
     sampler.start()

@@ -79,11 +79,17 @@ def heap() -> dict | None:
 
 
 def held_free() -> int:
-    """Bytes the allocators hold but nothing uses: glibc's free heap chunks (0 elsewhere) and
-    the actcodec store's mapped pages outside live blocks. Some of them may not be resident,
-    so RSS less these underestimates live bytes, and RSS / live errs high."""
+    """Bytes the allocators hold but nothing uses: glibc's free heap chunks (0 elsewhere), less
+    what the heap gave back when actcodec's allocator was installed (free, not resident), and
+    the actcodec store's mapped pages outside live blocks. Some of them may still not be
+    resident, so RSS less these underestimates live bytes, and RSS / live errs high."""
     h = heap()
     free = h["heap_free"] if h is not None else 0
+    import sys
+
+    allocator = sys.modules.get("actcodec.torch.allocator")
+    if allocator is not None:
+        free = max(0, free - allocator.trimmed_bytes())
     from actcodec import store
 
     for made in store.made():

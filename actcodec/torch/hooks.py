@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from . import budget as budgets, save
+from . import allocator as allocators, budget as budgets, save
 from .accounting import Accounting
 from .policy import Policy
 
@@ -41,17 +41,23 @@ class compress_saved:
     exceeds it; the bits of each save are planned from the steps before (enter the same
     context every step), and what does not fit is re-encoded at fewer bits or paged out to a
     temporary file in `spill_dir` (actcodec.torch.budget); 0 pages every save out. Without a
-    policy, 8 bits in groups of 64."""
+    policy, 8 bits in groups of 64.
+
+    allocator: on first use, install actcodec's torch allocator (actcodec.torch.allocator) for
+    the process, so that the activations a step frees leave no holes in the heap and the
+    process's peak falls with what is saved; False keeps torch's allocator. With `store=None`
+    (payloads from numpy's heap) nothing is installed."""
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
                  store=save.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
-                 **policy_kwargs):
+                 allocator: bool = True, **policy_kwargs):
         if policy is not None and policy_kwargs:
             raise TypeError("pass a Policy or policy keywords, not both")
         if policy is None and budget is not None:
             policy_kwargs = {**budgets.POLICY, **policy_kwargs}
         self.policy = policy if policy is not None else Policy(**policy_kwargs)
         self.store = save.store_of(store)
+        self.allocator = bool(allocator) and self.store is not None
         self.stats = Accounting(self.store)
         self.spill_dir = spill_dir
         self.limit = None  # the budget.Budget saves go through, once a budget is set
@@ -77,6 +83,8 @@ class compress_saved:
             self.limit.set(value)
 
     def __enter__(self):
+        if self.allocator:
+            allocators.ensure()
         limit = self.limit if self.limit is not None and self.limit.nbytes is not None else None
         self.stats.new_step(None if limit is None else limit.nbytes)
         if limit is not None:
