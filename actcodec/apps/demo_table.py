@@ -92,8 +92,10 @@ def notes(results: list[dict], s: dict, total: float) -> str:
         lines.append("Allocator: actcodec.torch.allocator installed in every configuration "
                      "(--allocator store): torch's large CPU tensors take pages of the store.")
     else:
-        lines.append("Allocator: the process's own (glibc at its defaults unless you preload "
-                     "another); nothing set in the environment.")
+        lines.append("Allocator: fp32 and checkpoint run on the process's own (glibc at its "
+                     "defaults unless you preload another); the compressed configurations on "
+                     "actcodec's, which compress_saved installs on first use; nothing set in "
+                     "the environment.")
     diverged = [f"{r['config']} at step {r['diverged_at_step']}" for r in results
                 if r.get("diverged_at_step") is not None]
     if diverged:
