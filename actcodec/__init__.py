@@ -31,7 +31,8 @@ if _ext._init() != 0:
         + f"; available here: {', '.join(_avail)}"
     )
 
-from . import _options, backends, bitmap, bitmap_quant, mask, quant, raw, registry  # noqa: E402
+from . import (_options, backends, bitmap, bitmap_quant, mask, quant, raw,  # noqa: E402
+               registry, resident)
 
 # The built-in codecs, in the order the codec choice breaks ties of size (lossless first).
 for _codec in (raw.Raw(), bitmap.Bitmap(), mask.Mask(), quant.Quant(),
@@ -86,5 +87,6 @@ def simd_info() -> dict:
 __all__ = [
     "Auto", "Bitmap", "BitmapQuant", "Codec", "Encoded", "Mask", "NonFiniteError", "Quant",
     "Raw", "backends", "bitmap", "bitmap_quant", "encode", "from_bytes", "get_num_threads",
-    "get_simd", "mask", "quant", "raw", "registry", "set_num_threads", "set_simd", "simd_info",
+    "get_simd", "mask", "quant", "raw", "registry", "resident", "set_num_threads", "set_simd",
+    "simd_info",
 ]

@@ -1,6 +1,6 @@
-"""What the process holds: its resident bytes and their high-water mark (/proc/self/status),
-glibc's own heap statistics (mallinfo2), the bytes the allocators hold free, the live bytes
-(RSS less those), and a thread that samples the live bytes' peak."""
+"""What the process holds beyond its resident bytes (actcodec.resident: RSS, its high-water
+mark): glibc's own heap statistics (mallinfo2), the bytes the allocators hold free, the live
+bytes (RSS less those), and a thread that samples the live bytes' peak."""
 from __future__ import annotations
 
 import ctypes
@@ -9,44 +9,7 @@ import sys
 import threading
 import time
 
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def rss() -> int:
-    """The process's resident bytes now."""
-    kib = _status_kib("VmRSS")
-    return kib * 1024 if kib is not None else peak_rss()
-
-
-def peak_rss() -> int:
-    """The process's resident high-water mark (since the last reset_peak)."""
-    kib = _status_kib("VmHWM")
-    if kib is not None:
-        return kib * 1024
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB elsewhere
-
-
-def reset_peak() -> bool:
-    """Reset the kernel's high-water mark (Linux: VmHWM) to the current RSS."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    hwm, now = _status_kib("VmHWM"), _status_kib("VmRSS")
-    return hwm is not None and now is not None and hwm <= now + 1024
+from actcodec.resident import peak_rss, reset_peak, rss  # noqa: F401  (the apps' readers)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -85,8 +48,6 @@ def held_free() -> int:
     resident, so RSS less these underestimates live bytes, and RSS / live errs high."""
     h = heap()
     free = h["heap_free"] if h is not None else 0
-    import sys
-
     allocator = sys.modules.get("actcodec.torch.allocator")
     if allocator is not None:
         free = max(0, free - allocator.trimmed_bytes())
