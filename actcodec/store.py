@@ -9,8 +9,9 @@ csrc/store_plan.c the plan.
     store.stats()                             # reserved, mapped, used and peak used bytes
 
 The torch adapters use the default store unless told otherwise (`compress_saved(store=...)`;
-`store=None` takes payloads from numpy's heap as plain `actcodec.encode` does). The opt-in
-torch allocator (actcodec.torch.allocator) serves torch's large tensors from the same store.
+`store=None` takes payloads from numpy's heap as plain `actcodec.encode` does). The torch
+allocator (actcodec.torch.allocator, which compress_saved installs on first use) serves
+torch's large tensors from the same store.
 
 A store learns each step: it records when and where its blocks lived and, at the next step's
 start, plans where each goes the next time, largest first around what is still live (Melon's
