@@ -112,3 +112,40 @@ def test_each_entry_is_one_step(monkeypatch):
             loss = (x * 1.0).exp().sum()
         loss.backward()
     assert len(calls) == 3 and ctx.stats.steps == 3
+
+
+def test_a_full_disk_while_paging_out_raises_and_leaves_the_context_whole(monkeypatch):
+    """A write that fails (ENOSPC) while making room raises an OSError from the step; the
+    context's accounting stays consistent (nothing counted twice or lost), and the next step,
+    with the disk back, pages out and gives exact gradients."""
+    import errno
+    import gc
+    import os
+
+    from actcodec.torch import keeper
+
+    x = torch.randn(64, 1024, requires_grad=True)
+    ctx = compress_saved(Policy(bits=None, min_bytes=0), budget=0)
+    real, calls = os.pwrite, []
+
+    def full(fd, data, offset):
+        calls.append(1)
+        if len(calls) > 1:  # one save gets out, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(keeper.os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left"):
+        with ctx:
+            (x * 1.0).exp().sin().cos().sum()
+    gc.collect()
+    assert ctx.stats.stored_bytes == 0  # what the failed step held is released with it
+    assert ctx.limit.keeper.spill.live == 0  # and the save it paged out before the failure
+    monkeypatch.setattr(keeper.os, "pwrite", real)
+    with ctx:
+        loss = (x * 1.0).exp().sin().cos().sum()
+    assert ctx.stats.spilled == 2 and ctx.stats.stored_bytes == 0
+    loss.backward()
+    y = (x.detach() * 1.0).requires_grad_()
+    y.exp().sin().cos().sum().backward()
+    assert torch.equal(x.grad, y.grad)
