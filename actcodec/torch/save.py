@@ -254,6 +254,8 @@ class SaveSession:
             return "softmax", layer
         if module is not None and type(module).__name__ in MODULE_OPS:
             return MODULE_OPS[type(module).__name__], layer
+        if producer.startswith("Relu"):  # a functional relu's output
+            return "relu", layer
         if t.grad_fn is None:
             return "input", layer
         return "other", layer
