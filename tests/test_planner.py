@@ -66,3 +66,13 @@ def test_a_ladder_is_convex_and_respects_min_bits():
     assert [b for b, _ in points] == sorted(b for b, _ in points)
     ratios = [(e0 - e1) / (b1 - b0) for (b0, e0), (b1, e1) in zip(points, points[1:])]
     assert ratios == sorted(ratios, reverse=True)
+
+
+def test_a_site_stored_with_a_named_codec_is_sized_by_it():
+    """A ReLU output's lossy choices are stored as bitmap_quant even where dense quant would
+    be smaller: the plan counts those bytes."""
+    dense = planner.Site(n=4096, nnz=4090, esize=4, noise1={64: 1.0, 256: 2.0})
+    relu = planner.Site(n=4096, nnz=4090, esize=4, noise1={64: 1.0, 256: 2.0},
+                        codec="bitmap_quant")
+    assert relu.nbytes((8, 256)) == dense.nbytes((8, 256)) + 4096 // 8 - 6 * 1
+    assert relu.nbytes(None) == dense.nbytes(None)  # lossless: the smallest, as before

@@ -41,6 +41,7 @@ from . import noise, planner
 from .keeper import Keeper
 from .packed import FLOATS
 from .planner import GROUPS, MARGIN, Site
+from .policy import SIGN_READ
 
 # A budget without a policy starts unknown saves at 8 bits in groups of 64: the stats of the
 # finest group size give every coarser one's noise exactly.
@@ -150,4 +151,4 @@ def _learn(t: torch.Tensor, packed, op: str) -> Site | None:
     n = t.numel()
     nnz = enc.nnz if enc.nnz is not None else n
     return Site(n, nnz, t.element_size(), noise.noise_at_one_bit(t, enc, op),
-                planner.min_bits(op))
+                planner.min_bits(op), "bitmap_quant" if op in SIGN_READ else None)

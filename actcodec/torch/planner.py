@@ -36,17 +36,23 @@ AMPLIFY = {"batch_norm": 64.0, "layer_norm": 64.0, "group_norm": 64.0, "softmax"
 @dataclass
 class Site:
     """What a step learned about one save: its element count, nonzeros and element size, and
-    per group size its weighted noise at 1 bit relative to its energy (0: no error)."""
+    per group size its weighted noise at 1 bit relative to its energy (0: no error).
+    `codec`: the codec its lossy choices are stored with where the policy names one (a ReLU
+    output's bitmap_quant), else None (the smallest)."""
 
     n: int
     nnz: int
     esize: int
     noise1: dict
     min_bits: int = MIN_BITS
+    codec: str | None = None
 
     def _sizes(self, c) -> dict:
         bits, group = c if c is not None else (None, None)
-        return choice.sizes_from_counts(self.n, self.nnz, self.esize, bits, group)
+        sizes = choice.sizes_from_counts(self.n, self.nnz, self.esize, bits, group)
+        if c is not None and self.codec in sizes:
+            return {self.codec: sizes[self.codec]}
+        return sizes
 
     def nbytes(self, c) -> int:
         sizes = self._sizes(c)
