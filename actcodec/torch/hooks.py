@@ -85,10 +85,7 @@ class compress_saved:
     def __enter__(self):
         if self.allocator:
             allocators.ensure()
-        limit = self.limit if self.limit is not None and self.limit.nbytes is not None else None
-        self.stats.new_step(None if limit is None else limit.nbytes)
-        if limit is not None:
-            limit.new_step()
+        limit = save.begin_step(self.stats, self.limit)
         save.stores.new_step(self.store)  # what the steps before no longer need goes back
         session = save.SaveSession(self.policy, self.stats, limit, self.store, self._names)
         self.session = session.__enter__()
@@ -127,10 +124,7 @@ class record:
         self._session = None
 
     def __enter__(self) -> Accounting:
-        limit = self.limit if self.limit is not None and self.limit.nbytes is not None else None
-        self.stats.new_step(None if limit is None else limit.nbytes)
-        if limit is not None:
-            limit.new_step()
+        limit = save.begin_step(self.stats, self.limit)
         self._session = save.SaveSession(None, self.stats, limit, self.store).__enter__()
         return self.stats
 

@@ -234,13 +234,6 @@ def _host_path(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def pack_mask(mask: torch.Tensor, opts=None, store=None) -> Packed:
-    """A bool tensor at 1 bit per element (ReLU and dropout masks)."""
-    if mask.dtype != torch.bool:
-        raise TypeError(f"pack_mask needs a bool tensor, got {mask.dtype}")
-    return pack(mask, Setting(codec="mask", bits=None), store, opts=opts)
-
-
 def _narrow(t: torch.Tensor, nbytes: int, store) -> Packed:
     """The smallest integer type holding every value (works on any device), in `store` when
     one is given."""

@@ -115,6 +115,10 @@ class SaveSession:
 
     # ---- the one save path ----
 
+    def active_budget(self):
+        """The budget saves go through now, or None (none given, or set to None since)."""
+        return active(self.budget)
+
     def options(self, threads: int) -> dict:
         """The codec options for a thread count (checked once per session and count)."""
         opts = self._opts.get(threads)
@@ -144,8 +148,7 @@ class SaveSession:
         if setting is None:
             setting = self.setting(policy if policy is not None else self.policy, op, layer,
                                    nbytes)
-        budget = self.budget if self.budget is not None and self.budget.nbytes is not None \
-            else None
+        budget = self.active_budget()
         site = None
         if budget is not None and setting.codec != "keep":
             setting, site = budget.setting_for(op, layer, t, setting)
@@ -164,8 +167,7 @@ class SaveSession:
                 self.stats.kept += 1
             return packed
         self._record(packed, op, layer, seconds)
-        budget = self.budget if self.budget is not None and self.budget.nbytes is not None \
-            else None
+        budget = self.active_budget()
         if budget is not None:
             if packed.enc is None or site is None:
                 budget.admit_fixed(packed)
@@ -203,8 +205,9 @@ class SaveSession:
     def hold_as_is(self, owner, nbytes: int) -> None:
         """nbytes about to be held as they are until `owner` is garbage: within the budget
         (room is made for them) and counted."""
-        if self.budget is not None and self.budget.nbytes is not None:
-            self.budget.reserve(nbytes)
+        budget = self.active_budget()
+        if budget is not None:
+            budget.reserve(nbytes)
         if self.stats is not None:
             hold(self.stats, owner, nbytes)
 
@@ -306,6 +309,21 @@ class SaveSession:
         held = [t for t in saved if t is not None and not (t.is_leaf and t.requires_grad)]
         if held:  # until autograd releases the saves (after backward)
             self.hold_as_is(held[0], sum(t.numel() * t.element_size() for t in held))
+
+
+def active(budget):
+    """`budget` where it holds a number of bytes, else None."""
+    return budget if budget is not None and budget.nbytes is not None else None
+
+
+def begin_step(stats, budget):
+    """A step of a context begins: its statistics start afresh and its budget plans; the
+    budget saves go through this step (or None)."""
+    budget = active(budget)
+    stats.new_step(None if budget is None else budget.nbytes)
+    if budget is not None:
+        budget.new_step()
+    return budget
 
 
 def load(ctx) -> list:
