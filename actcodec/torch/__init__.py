@@ -19,6 +19,8 @@ from .hooks import compress_saved, record
 from .packed import Packed
 from .policy import Policy, Setting
 from .saved_bytes import CountSaved, count_saved
+from .limit_plan import Plan
+from .step import MemoryLimitError, Step
 
-__all__ = ["Accounting", "CountSaved", "allocator", "Packed", "Policy", "Setting", "compress_saved",
-           "convert", "count_saved", "decode", "encode", "record", "unconvert"]
+__all__ = ["Accounting", "CountSaved", "MemoryLimitError", "Packed", "Plan", "Policy", "Setting",
+           "Step", "allocator", "compress_saved", "convert", "count_saved", "decode", "encode", "record", "unconvert"]

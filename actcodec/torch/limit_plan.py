@@ -1,0 +1,249 @@
+"""The memory limit's solver: pure functions of numbers. A step's profile (bytes and seconds
+per sample, per repeated block) and the bytes it may add in; the fastest plan that fits out.
+No torch: actcodec.torch.step measures the profile and runs the plan.
+
+A plan combines (Sage, Melon, PORT, DAF):
+- **micro-batches**: the batch in m slices of at most b = ceil(B / m) samples, gradients
+  accumulated; what a step holds and works on scales with b;
+- **recomputation** of a set R of repeated blocks: such a block holds only its inputs, and its
+  saves come back, at full size and one block at a time, during its backward;
+- **storage** of what is held: as it is, compressed (lossless or at some bits) or paged out.
+
+The model of the step's peak above the floor, for a plan:
+
+    fixed + b * (work + S - effect * (S - held)),   S = rest + sum of saved over all blocks,
+    held = storage.ratio * (rest + sum of saved over blocks not in R + sum of inputs over R)
+           + max of saved over blocks in R
+
+and of its time: B * (seconds + sum of forward over R + storage.seconds_per_byte * held bytes
+at full size) + m * per_micro_batch. Recomputed blocks with the same bytes differ only in
+time, so the cheapest of them go first; for a given R and storage the fewest micro-batches
+that fit are the fastest. Exact plans are preferred: a lossy storage only where it makes the
+step more than `LOSSY_GAIN` faster than the best exact plan, or where no exact plan fits.
+
+Measurement corrects the model (Sage, Melon): a plan already run is judged by the largest
+peak measured for it, or for a plan that holds the same bytes (`measured`, keyed by
+`memory_key`); any other by the model's peak times (1 + caution), plus `bias`, the most the
+model has fallen short on a plan run so far.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, field
+
+LOSSY_GAIN = 1.10  # a lossy plan must be this many times faster than the best exact one
+MAX_COMBINATIONS = 4096  # sets of recomputed blocks tried exhaustively; beyond, in order
+
+
+@dataclass(frozen=True)
+class Block:
+    """A repeated block, per sample: bytes it saves for backward, bytes its checkpoint keeps
+    (its inputs) when recomputed, and the seconds of its forward (what recomputing costs)."""
+
+    saved: float
+    inputs: float
+    forward: float
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How what a step holds is kept: bytes held in memory per byte saved at full size, the
+    seconds each such byte costs (encode, decode, disk), and whether it is exact."""
+
+    name: str
+    ratio: float
+    seconds_per_byte: float
+    exact: bool
+
+
+PLAIN = Storage("plain", 1.0, 0.0, True)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A step measured: the batch size B; `fixed`, bytes the step adds whatever the plan
+    (gradients, buffers); per sample: `work`, the working set at the peak beyond what is held,
+    `rest`, bytes saved outside the blocks, and `seconds`, forward and backward as they are;
+    `per_micro_batch`, seconds each micro-batch adds; the blocks and the storages allowed;
+    `split`, whether micro-batches are allowed (exact, or ghost batch norm accepted); `effect`,
+the share of a cut in what is held that the peak sees (measured: the peak may fall where
+less is held, in backward, only in part)."""
+
+    batch: int
+    fixed: float
+    work: float
+    rest: float
+    blocks: tuple = ()
+    seconds: float = 0.0
+    per_micro_batch: float = 0.0
+    storages: tuple = (PLAIN,)
+    split: bool = True
+    effect: float = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a step does: micro-batches, the blocks it recomputes (indices into the profile's
+    blocks), the storage of what it holds; and what the model predicts for it: bytes above the
+    floor at the peak, seconds."""
+
+    micro_batches: int = 1
+    recompute: tuple = ()
+    storage: str = "plain"
+    peak: float = field(default=0.0, compare=False)
+    seconds: float = field(default=0.0, compare=False)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        return cls(int(d["micro_batches"]), tuple(int(i) for i in d.get("recompute", ())),
+                   str(d.get("storage", "plain")), float(d.get("peak", 0.0)),
+                   float(d.get("seconds", 0.0)))
+
+
+def sample_bytes(profile: Profile, recompute, storage: Storage) -> float:
+    """Bytes per sample at the peak, beyond `fixed`, for a set of recomputed blocks."""
+    plain = profile.rest + sum(b.saved for b in profile.blocks)
+    held = profile.rest
+    transient = 0.0
+    for i, block in enumerate(profile.blocks):
+        if i in recompute:
+            held += block.inputs
+            transient = max(transient, block.saved)
+        else:
+            held += block.saved
+    cut = plain - (storage.ratio * held + transient)
+    return profile.work + plain - profile.effect * cut
+
+
+def _held_full(profile: Profile, recompute) -> float:
+    return profile.rest + sum(b.inputs if i in recompute else b.saved
+                              for i, b in enumerate(profile.blocks))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What steps run so far say: the largest peak measured per plan key, how much to distrust
+    the model on a plan not yet run (`caution`, a share of its peak) and the most the model
+    fell short so far (`bias`, bytes)."""
+
+    peaks: dict = field(default_factory=dict)
+    caution: float = 0.0
+    bias: float = 0.0
+
+    def peak(self, key: tuple, model: float) -> float:
+        if key in self.peaks:
+            return self.peaks[key]
+        return model * (1 + self.caution) + self.bias
+
+
+NOTHING = Measured()
+
+
+def memory_key(profile: Profile, micro_batches: int, recompute, storage: str) -> tuple:
+    """What a plan's memory depends on: its micro-batches, the bytes of the blocks it
+    recomputes (blocks with the same bytes are interchangeable), its storage."""
+    kinds = tuple(sorted((profile.blocks[i].saved, profile.blocks[i].inputs)
+                         for i in recompute))
+    return (micro_batches, kinds, storage)
+
+
+def predict(profile: Profile, micro_batches: int, recompute, storage: Storage,
+            measured: Measured = NOTHING) -> Plan:
+    """The plan with its predicted peak (bytes above the floor) and seconds."""
+    recompute = tuple(sorted(recompute))
+    b = math.ceil(profile.batch / micro_batches)
+    peak = measured.peak(memory_key(profile, micro_batches, recompute, storage.name),
+                         profile.fixed + b * sample_bytes(profile, recompute, storage))
+    seconds = (profile.batch * (profile.seconds
+                                + sum(profile.blocks[i].forward for i in recompute)
+                                + storage.seconds_per_byte * _held_full(profile, recompute))
+               + micro_batches * profile.per_micro_batch)
+    return Plan(micro_batches, recompute, storage.name, peak, seconds)
+
+
+def recompute_sets(blocks) -> list:
+    """The sets of recomputed blocks worth trying: blocks with the same bytes differ only in
+    time, so of k such blocks the k fastest. Every count per kind of block while that is at
+    most MAX_COMBINATIONS sets; beyond, prefixes in order of bytes freed per second."""
+    kinds: dict = {}
+    for i, b in enumerate(blocks):
+        kinds.setdefault((b.saved, b.inputs), []).append(i)
+    groups = [sorted(ix, key=lambda i: (blocks[i].forward, i)) for ix in kinds.values()]
+    if math.prod(len(g) + 1 for g in groups) <= MAX_COMBINATIONS:
+        return [tuple(sorted(i for g, k in zip(groups, counts) for i in g[:k]))
+                for counts in itertools.product(*(range(len(g) + 1) for g in groups))]
+    order = sorted(range(len(blocks)), key=lambda i: (
+        -(blocks[i].saved - blocks[i].inputs) / max(blocks[i].forward, 1e-12), i))
+    return [tuple(sorted(order[:k])) for k in range(len(blocks) + 1)]
+
+
+def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, available: float,
+                          measured: Measured) -> int | None:
+    """The fewest micro-batches whose predicted peak fits. The model's peak falls as the
+    micro-batches shrink, so a bisection finds where it starts to fit; a measured plan may fit
+    where the model says not, or the reverse, so those are checked one by one."""
+    counts = _counts(profile.batch) if profile.split else [1]
+    model = Measured(caution=measured.caution, bias=measured.bias)
+
+    def fits(m, by=measured):
+        return predict(profile, m, recompute, storage, by).peak <= available
+
+    lo, hi = 0, len(counts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(counts[mid], model):
+            hi = mid
+        else:
+            lo = mid + 1
+    same = memory_key(profile, 1, recompute, storage.name)[1:]
+    known = sorted(k[0] for k in measured.peaks if k[1:] == same)
+    best = next((m for m in known if fits(m)), None)
+    for m in counts[lo:]:  # from where the model fits, unless a measurement says not
+        if best is not None and m >= best:
+            break
+        if fits(m):
+            return m
+    return best
+
+
+def _counts(batch: int) -> list:
+    """Micro-batch counts that give distinct micro-batch sizes, fewest first."""
+    return sorted({math.ceil(batch / b) for b in range(1, batch + 1)})
+
+
+def _fastest(plans):
+    return min(plans, key=lambda p: (p.seconds, p.micro_batches, len(p.recompute)),
+               default=None)
+
+
+def solve(profile: Profile, available: float, exact: bool = False,
+          measured: Measured = NOTHING) -> Plan | None:
+    """The fastest plan whose predicted peak is at most `available` bytes above the floor,
+    preferring exact storage (see LOSSY_GAIN); None if none fits."""
+    candidates = {True: [], False: []}
+    for recompute in recompute_sets(profile.blocks):
+        for storage in profile.storages:
+            if exact and not storage.exact:
+                continue
+            m = _fewest_micro_batches(profile, recompute, storage, available, measured)
+            if m is not None:
+                candidates[storage.exact].append(
+                    predict(profile, m, recompute, storage, measured))
+    best_exact, best_lossy = _fastest(candidates[True]), _fastest(candidates[False])
+    if best_lossy is None:
+        return best_exact
+    if best_exact is None or best_lossy.seconds * LOSSY_GAIN < best_exact.seconds:
+        return best_lossy
+    return best_exact
+
+
+def smallest(profile: Profile, exact: bool = False, measured: Measured = NOTHING) -> float:
+    """The smallest peak above the floor any allowed plan predicts."""
+    counts = set(_counts(profile.batch) if profile.split else [1])
+    counts |= {k[0] for k in measured.peaks if profile.split or k[0] == 1}
+    return min(predict(profile, m, r, s, measured).peak for r in recompute_sets(profile.blocks)
+               for s in profile.storages if s.exact or not exact for m in counts)

@@ -1,0 +1,328 @@
+"""A training step within a memory limit for the whole process (Sage, Melon, PORT, DAF):
+
+    step = act.Step(model, limit="1GiB")
+    for batch in loader:
+        loss = step(batch)          # forward and backward of the whole batch, into .grad
+        opt.step(); opt.zero_grad()
+
+The limit is the process's resident memory as the system counts it. At each step's start the
+floor (what the process holds: parameters, optimizer state, libraries) is measured; the step
+adds at most `limit - floor`. The first step profiles the model in small probes
+(actcodec.torch.step_profile), then a pure solver (actcodec.torch.limit_plan) picks the
+fastest plan that fits: micro-batches (gradient accumulation), recomputation of repeated
+blocks (actcodec.torch.blocks), how what the step holds is stored (as it is, lossless,
+paged to disk, or at `bits` or more where that is allowed and pays). Each step's measured
+peak corrects the model for the next (it only ever grows more careful).
+
+Exact plans are preferred; with exact=True nothing lossy is used. Micro-batches are exact
+where no batch-norm layer trains (unless ghost_batchnorm=True), up to float summation order;
+dropout draws its masks per micro-batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import warnings
+
+import torch
+
+from .. import resident
+from .. import store as stores
+from . import allocator as allocators, blocks as blocks_mod, limit_plan, micro_batches as mb
+from . import step_profile
+from .budget import parse_bytes
+from .hooks import compress_saved
+from .policy import Policy
+
+MiB = 1 << 20
+# What the plan leaves free of the room above the floor: a share for what no measurement
+# covers (a noisy peak, the heap's drift) plus a constant for small buffers.
+SAFETY, SAFETY_BYTES = 0.05, 16 * MiB
+# A plan not yet run is trusted to the model's peak times 1 + CAUTION: a step on a new plan
+# lays out its memory first fit (the store learns lifetimes from the step before), and the
+# probes are small.
+CAUTION = 0.25
+LOSSY_BITS = (8, 4, 2)
+
+
+class MemoryLimitError(MemoryError):
+    """No plan fits the limit. `needed`: the smallest limit that would, in bytes (None where
+    it is not known)."""
+
+    def __init__(self, message: str, needed: int | None = None):
+        super().__init__(message)
+        self.needed = needed
+
+
+@dataclasses.dataclass
+class StepStats:
+    """The last step: its peak RSS and the floor it started from (bytes), the limit it ran
+    under, what the plan predicted, micro-batches run, seconds per phase."""
+
+    peak: int = 0
+    floor: int = 0
+    limit: int | None = None
+    predicted: int = 0
+    micro_batches: int = 0
+    seconds: dict = dataclasses.field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lim = "none" if self.limit is None else f"{self.limit / MiB:.0f} MiB"
+        phases = ", ".join(f"{k} {v:.2f}s" for k, v in self.seconds.items())
+        return (f"peak {self.peak / MiB:.0f} MiB (floor {self.floor / MiB:.0f}, limit {lim}, "
+                f"predicted {self.predicted / MiB:.0f}); {self.micro_batches} micro-batches; "
+                f"{phases}")
+
+
+def _storages(bits: int, exact: bool) -> tuple:
+    names = ["plain", "lossless", "paged"]
+    if not exact:
+        names += [f"{b}bit" for b in LOSSY_BITS if b >= bits]
+    return tuple(names)
+
+
+class Step:
+    """The training step under a limit (see the module doc).
+
+    model: a torch module on the CPU (when a limit is set); limit: bytes or a string such as
+    "1GiB", None for plain training through the same API; loss_fn(model, micro_batch): the
+    micro-batch's mean loss, or (loss, weight) (default for dict batches: model(**b).loss);
+    bits: the fewest bits a lossy save may take (8, 4 or 2); exact: no lossy saves; spill_dir:
+    where paged saves go; ghost_batchnorm: allow micro-batches with batch norm in training
+    (statistics per micro-batch); batch_size: the batch dimension's length where the first
+    tensor does not have it; plan: a Plan (or its dict) to run every step instead of solving
+    (numerics then do not change with timing); scaler: a torch GradScaler; allocator: install
+    actcodec's torch allocator (see compress_saved)."""
+
+    def __init__(self, model: torch.nn.Module, limit=None, *, loss_fn=None, bits: int = 8,
+                 exact: bool = False, spill_dir: str | None = None,
+                 ghost_batchnorm: bool = False, batch_size: int | None = None, plan=None,
+                 scaler=None, allocator: bool = True):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"Step needs a torch.nn.Module, got {type(model).__name__}")
+        if bits not in LOSSY_BITS:
+            raise ValueError(f"bits must be one of {LOSSY_BITS}, got {bits!r}")
+        self.model, self.loss_fn = model, loss_fn if loss_fn is not None else mb.default_loss
+        self.bits, self.exact, self.spill_dir = bits, bool(exact), spill_dir
+        self.ghost_batchnorm, self.batch_size, self.scaler = ghost_batchnorm, batch_size, scaler
+        self._lock = threading.Lock()
+        self._limit = parse_bytes(limit)
+        self._lowered = False
+        self.plan = None if plan is None else (
+            plan if isinstance(plan, limit_plan.Plan) else limit_plan.Plan.from_dict(plan))
+        self.frozen = plan is not None
+        self.profile: limit_plan.Profile | None = None
+        self.stats = StepStats()
+        self.blocks = blocks_mod.find(model)
+        blocks_mod.wrap(self.blocks)
+        self._contexts: dict = {}
+        self._measured = limit_plan.Measured(caution=CAUTION)  # peaks of the plans run
+        if spill_dir is not None and step_profile.memory_backed(spill_dir):
+            warnings.warn(f"spill_dir {spill_dir!r} is memory-backed (tmpfs): what the step "
+                          f"pages out there still takes the machine's memory", RuntimeWarning,
+                          stacklevel=2)
+        if allocator:
+            allocators.ensure()
+
+    # -- the limit ---------------------------------------------------------------------------
+    @property
+    def limit(self) -> int | None:
+        """The process's memory limit in bytes (None: none). Settable at any time, from any
+        thread; the next step is planned for it."""
+        return self._limit
+
+    @limit.setter
+    def limit(self, value) -> None:
+        value = parse_bytes(value)
+        with self._lock:
+            if value is not None and (self._limit is None or value < self._limit):
+                self._lowered = True
+            self._limit = value
+
+    def freeze(self) -> limit_plan.Plan | None:
+        """Keep the current plan from now on (it no longer follows timing or the limit)."""
+        self.frozen = True
+        return self.plan
+
+    # -- one step ----------------------------------------------------------------------------
+    def __call__(self, batch):
+        size = mb.batch_size(batch, self.batch_size)
+        with self._lock:
+            limit, lowered, self._lowered = self._limit, self._lowered, False
+        if limit is not None:
+            self._check_device()
+        stores.new_step(None)
+        seconds = {}
+        floor = step_profile.floor()
+        if limit is not None and self.profile is None and not self.frozen:
+            t0 = time.perf_counter()
+            self.profile = step_profile.measure(
+                lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model, self.blocks,
+                size, _storages(self.bits, self.exact), self._split(), self.spill_dir,
+                room=(limit - floor) * (1 - SAFETY))
+            seconds["profile"] = time.perf_counter() - t0
+            floor = step_profile.floor()  # the probes' lazy state (libraries, heap) is floor
+        last = self.plan
+        plan = self._plan_for(size, limit, floor)
+        if lowered or plan != last:  # give back the pages a larger plan (or the probes) kept
+            stores.new_step(None)
+            stores.new_step(None)
+        return self._run(batch, size, plan, limit, floor, seconds)
+
+    def _check_device(self) -> None:
+        for p in self.model.parameters():
+            if p.device.type != "cpu":
+                raise ValueError(f"Step(limit=...) plans the process's CPU memory; this model "
+                                 f"has parameters on {p.device}. Use limit=None there for now")
+            break
+
+    def _split(self) -> bool:
+        if self.ghost_batchnorm:
+            return True
+        return not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+                       for m in self.model.modules())
+
+    def _plan_for(self, size, limit, floor) -> limit_plan.Plan:
+        if self.frozen and self.plan is not None:
+            return self.plan
+        if limit is None:
+            self.plan = limit_plan.Plan()
+            return self.plan
+        profile = dataclasses.replace(self.profile, batch=size)
+        room = limit - floor
+        available = room * (1 - SAFETY) - SAFETY_BYTES
+        plan = limit_plan.solve(profile, available, self.exact, self._measured)
+        if plan is None:
+            least = limit_plan.smallest(profile, self.exact, self._measured)
+            needed = int(floor + (least + SAFETY_BYTES) / (1 - SAFETY)) + 1
+            raise MemoryLimitError(
+                f"no plan fits a limit of {limit / MiB:.1f} MiB: the process holds "
+                f"{floor / MiB:.0f} MiB before the step, and the smallest plan for a batch of "
+                f"{size} needs about {-(-needed // MiB)} MiB in all; nothing was added to .grad",
+                needed)
+        self.plan = plan
+        return plan
+
+    def _loss(self, micro_batch):
+        return mb.loss_and_weight(self.loss_fn(self.model, micro_batch))
+
+    def _context(self, storage: str):
+        if storage == "plain":
+            return contextlib.nullcontext()
+        if storage not in self._contexts:
+            if storage == "paged":
+                ctx = compress_saved(Policy.preset("lossless"), model=self.model, budget=0,
+                                     spill_dir=self.spill_dir)
+            else:
+                ctx = compress_saved(Policy.preset(storage), model=self.model)
+            self._contexts[storage] = ctx
+        return self._contexts[storage]
+
+    def _run(self, batch, size, plan, limit, floor, seconds):
+        ranges = mb.slices(size, plan.micro_batches)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        state = blocks_mod.Running(plan.recompute)
+        no_sync = getattr(self.model, "no_sync", None)
+        total, weights, stash, done = None, 0.0, None, 0
+        forward = backward = 0.0
+        t_all = time.perf_counter()
+        with resident.Peak() as peak:
+            for j, (start, stop) in enumerate(ranges):
+                last = j == len(ranges) - 1
+                sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
+                try:
+                    with sync:
+                        t0 = time.perf_counter()
+                        with blocks_mod.running(state), self._context(plan.storage):
+                            loss, weight, weighted = self._loss(
+                                mb.take(batch, size, start, stop))
+                        t1 = time.perf_counter()
+                        if weighted:
+                            if stash is None:  # set aside what .grad held before the step
+                                stash = {p: p.grad for p in params}
+                                for p in params:
+                                    p.grad = None
+                            before, weights = weights, weights + weight
+                            if before > 0 and weights > 0:
+                                with torch.no_grad():
+                                    for p in params:
+                                        if p.grad is not None:
+                                            p.grad.mul_(before / weights)
+                            scale = weight / weights if weights > 0 else 0.0
+                        else:
+                            weight = (stop - start) / size
+                            weights += weight
+                            scale = weight
+                        scaled = loss * scale
+                        if self.scaler is not None:
+                            scaled = self.scaler.scale(scaled)
+                        scaled.backward()
+                        forward += t1 - t0
+                        backward += time.perf_counter() - t1
+                    part = loss.detach() * scale
+                    total = part if total is None else total * (1 - scale) + part \
+                        if weighted else total + part
+                    done += 1
+                    del loss, scaled
+                except BaseException as exc:
+                    if stash is not None:
+                        _restore(stash)
+                    if hasattr(exc, "add_note"):
+                        exc.add_note(
+                            f"actcodec.torch.Step: raised in micro-batch {j + 1} of "
+                            f"{len(ranges)}; {done} micro-batch(es) ({start} of {size} "
+                            f"samples) were already accumulated into .grad")
+                    raise
+        if stash is not None:
+            _restore(stash)
+        seconds.update(forward=forward, backward=backward,
+                       total=time.perf_counter() - t_all + seconds.get("profile", 0.0))
+        measured = max(0, peak.nbytes - floor)
+        self.stats = StepStats(peak=peak.nbytes, floor=floor, limit=limit,
+                               predicted=int(floor + plan.peak), micro_batches=len(ranges),
+                               seconds=seconds)
+        self._learn(plan, measured, size)
+        return total
+
+    def _learn(self, plan, measured: int, size: int) -> None:
+        """The measured peak judges this plan from now on (its largest), and a model that
+        fell short makes plans not yet run more careful (the largest shortfall so far)."""
+        if self.frozen or self.profile is None or plan.peak <= 0:
+            return
+        profile = dataclasses.replace(self.profile, batch=size)
+        key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage)
+        storage = next(s for s in profile.storages if s.name == plan.storage)
+        model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage).peak
+        m = self._measured
+        self._measured = limit_plan.Measured(
+            {**m.peaks, key: max(measured, m.peaks.get(key, 0))}, m.caution,
+            max(m.bias, measured - model * (1 + m.caution)))
+
+    def describe(self) -> str:
+        """The current plan in words."""
+        plan = self.plan
+        if plan is None:
+            return "no plan yet (planned at the first step)"
+        names = sorted({type(self.blocks[i]).__name__ for i in plan.recompute})
+        rec = (f"recompute {len(plan.recompute)} of {len(self.blocks)} blocks "
+               f"({', '.join(names)})" if plan.recompute else "no recomputation")
+        split = "" if plan.micro_batches == 1 or not self.ghost_batchnorm else \
+            " (ghost batch norm: statistics per micro-batch)"
+        return (f"{plan.micro_batches} micro-batch(es){split}; {rec}; saves {plan.storage}; "
+                f"predicted peak {plan.peak / MiB:.0f} MiB above the floor")
+
+
+def _restore(stash: dict) -> None:
+    """Adds back what .grad held before the step (set aside for weighted micro-batches)."""
+    with torch.no_grad():
+        for p, g in stash.items():
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g
+            else:
+                g.add_(p.grad)
+                p.grad = g
+    stash.clear()

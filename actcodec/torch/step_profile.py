@@ -1,0 +1,193 @@
+"""A model's step measured for the memory limit's solver (Melon's profile): small probe
+steps of one and two samples, run within the limit and leaving nothing behind (gradients
+are computed and dropped, buffers such as batch norm's running statistics restored). Each
+probe counts the bytes saved for backward per repeated block and outside them, the bytes of
+each block's inputs, the forward seconds of each block, its own peak RSS above the floor and
+its seconds; the storages' ratios come from the codecs' size model applied to the probe's
+saves, their seconds from encoding a tensor of the same kind.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+
+from .. import choice, resident
+from .. import store as stores
+from . import blocks as blocks_mod, limit_plan
+from .backend import decode, encode
+
+MIN_BYTES = 4096  # saves smaller than this stay as they are under every storage
+LOSSY = {"8bit": (8, 256), "4bit": (4, 256), "2bit": (2, 64)}  # Policy presets' bits, groups
+
+
+def floor() -> int:
+    """The process's floor now: its resident bytes less what the allocators hold free (the
+    activation store's kept pages, glibc's free chunks), which the next step reuses before it
+    asks the system for more (actcodec.resident.live)."""
+    return resident.live()
+
+
+class Probe:
+    """One probe step's counts."""
+
+    def __init__(self, samples: int, recompute=()):
+        self.samples = samples
+        self.saved: dict = {}  # block index (None: outside all) -> bytes
+        self.surveys: list = []  # (elements, nonzeros, element size) of float saves
+        self.other = 0  # bytes saved that no storage changes
+        self.peak = 0
+        self.seconds = 0.0
+        self.state = blocks_mod.Running(recompute, profile=True)
+
+
+def probe(run_loss, params, samples: int, recompute=()) -> Probe:
+    """Runs `run_loss(samples)` forward and backward, counting (see module doc)."""
+    out = Probe(samples, recompute)
+    seen: set = set()
+
+    def pack(t):
+        if t.is_leaf and t.requires_grad:  # a parameter: held by the model anyway
+            return t
+        storage = t.untyped_storage()
+        if storage.data_ptr() in seen:
+            return t
+        seen.add(storage.data_ptr())
+        nbytes = storage.nbytes()
+        key = out.state.current
+        out.saved[key] = out.saved.get(key, 0) + nbytes
+        if t.is_floating_point() and nbytes >= MIN_BYTES and t.numel() * t.element_size() == \
+                nbytes:
+            out.surveys.append((t.numel(), int(torch.count_nonzero(t)), t.element_size()))
+        else:
+            out.other += nbytes
+        return t
+
+    stores.new_step(None)
+    base = floor()
+    t0 = time.perf_counter()
+    with resident.Peak() as peak, blocks_mod.running(out.state), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = run_loss(samples)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        del grads, loss
+    out.seconds = time.perf_counter() - t0
+    out.peak = max(0, peak.nbytes - base)
+    return out
+
+
+def storage_ratio(p: Probe, bits: int | None, group: int | None) -> float:
+    """Bytes the probe's saves take under a storage, per byte at full size."""
+    total = sum(p.saved.values())
+    if total <= 0:
+        return 1.0
+    small = 0
+    for n, nnz, esize in p.surveys:
+        sizes = choice.sizes_from_counts(n, nnz, esize, bits, group)
+        small += sizes[choice.smallest(sizes)]
+    return min(1.0, (small + p.other) / total)
+
+
+def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
+    """Seconds to encode and decode (and, paged, write and read back) a byte of a normal
+    float32 tensor of 4 MiB under a storage, the best of three."""
+    t = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
+    kwargs = {"bits": LOSSY[name][0], "group_size": LOSSY[name][1]} if name in LOSSY else \
+        {"bits": None}
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        enc = encode(t, **kwargs)
+        if name == "paged":
+            with tempfile.TemporaryFile(dir=spill_dir) as f:
+                data = enc.to_bytes() if hasattr(enc, "to_bytes") else bytes(enc.payload)
+                f.write(data)
+                f.flush()
+                f.seek(0)
+                f.read()
+        decode(enc)
+        best = min(best, time.perf_counter() - t0)
+    return best / (t.numel() * t.element_size())
+
+
+def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: bool,
+            spill_dir: str | None, room: float | None = None) -> limit_plan.Profile:
+    """The step's profile for a batch of `batch` samples: probes of k samples and of 2k
+    (where they fit in `room` bytes above the floor), each twice and the second counted (the
+    first warms lazy state up and lays memory out first fit), buffers restored after. k is 1,
+    or 2 where batch norm trains (it needs two samples)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    k = min(batch, 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
+                            m.training for m in model.modules()) else 1)
+    every = tuple(range(len(blocks)))
+    try:
+        probe(run_loss, params, k)
+        one = probe(run_loss, params, k)
+        two = one
+        if batch >= 2 * k and (room is None or 2 * one.peak <= room):
+            probe(run_loss, params, 2 * k)  # the second of each size: the store has learned
+            two = probe(run_loss, params, 2 * k)
+        if every:  # every block recomputed: how much of a cut in what is held the peak sees
+            probe(run_loss, params, k, every)
+            lean = probe(run_loss, params, k, every)
+    finally:
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
+    n = two.samples
+    if os.environ.get("ACTCODEC_DEBUG_PROFILE"):
+        print("probes", one.peak >> 20, two.peak >> 20, lean.peak >> 20 if every else None,
+              sum(one.saved.values()) >> 20, sum(two.saved.values()) >> 20, one.seconds,
+              two.seconds)
+    slope = (two.peak - one.peak) / (n - k) if n > k else one.peak / k
+    work = max(0.0, slope - sum(two.saved.values()) / n)
+    # From the second micro-batch on, the gradients the first left in .grad stay for the
+    # whole of each (in a probe they only build up during backward)
+    grads = sum(p.numel() * p.element_size() for p in params if p.grad is None)
+    fixed = max(0.0, one.peak - slope * k) + grads
+    found = [limit_plan.Block(saved=two.saved.get(i, 0) / n,
+                              inputs=two.state.inputs.get(i, 0) / n,
+                              forward=two.state.seconds.get(i, 0.0) / n) for i in every]
+    # t(n) = overhead + n * per sample: two sizes give the overhead a micro-batch adds
+    per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
+        else 0.0
+    made = []
+    for name in storages:
+        if name == "plain":
+            made.append(limit_plan.PLAIN)
+            continue
+        bits, group = LOSSY.get(name, (None, None))
+        ratio = 0.0 if name == "paged" else storage_ratio(two, bits, group)
+        if name == "lossless" and ratio > 0.97:
+            continue  # nothing sparse enough to gain from
+        made.append(limit_plan.Storage(name, ratio, codec_seconds_per_byte(name, spill_dir),
+                                       exact=name not in LOSSY))
+    effect = 1.0
+    if found:
+        cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
+        if cut > 0:
+            effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
+    return limit_plan.Profile(batch=batch, fixed=fixed, work=work,
+                              rest=two.saved.get(None, 0) / n, blocks=tuple(found),
+                              seconds=two.seconds / n, per_micro_batch=per_micro_batch,
+                              storages=tuple(made), split=split, effect=effect)
+
+
+def memory_backed(path: str | None) -> bool:
+    """Whether files in `path` (the temporary directory by default) live in memory (tmpfs,
+    ramfs): paging there would not lower the process's footprint on the machine."""
+    path = os.path.realpath(path or tempfile.gettempdir())
+    best, kind = "", None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and (path == parts[1] or path.startswith(
+                        parts[1].rstrip("/") + "/")) and len(parts[1]) >= len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        return False
+    return kind in ("tmpfs", "ramfs")

@@ -1,0 +1,124 @@
+"""The memory limit's solver against brute force on small cases, and its preferences."""
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from actcodec.torch import limit_plan as lp
+
+STORAGES = (lp.PLAIN, lp.Storage("lossless", 0.8, 2e-10, True),
+            lp.Storage("paged", 0.0, 2e-9, True), lp.Storage("8bit", 0.28, 1e-9, False),
+            lp.Storage("4bit", 0.16, 1e-9, False))
+
+
+def brute_force(profile, available, exact, measured=lp.NOTHING):
+    plans = {True: [], False: []}
+    n = len(profile.blocks)
+    for k in range(n + 1):
+        for r in itertools.combinations(range(n), k):
+            for s in profile.storages:
+                if exact and not s.exact:
+                    continue
+                for m in range(1, (profile.batch if profile.split else 1) + 1):
+                    p = lp.predict(profile, m, r, s, measured)
+                    if p.peak <= available:
+                        plans[s.exact].append(p)
+    e = min(plans[True], key=lambda p: p.seconds, default=None)
+    lossy = min(plans[False], key=lambda p: p.seconds, default=None)
+    if lossy is None:
+        return e
+    if e is None or lossy.seconds * lp.LOSSY_GAIN < e.seconds:
+        return lossy
+    return e
+
+
+blocks = st.lists(st.builds(lp.Block, st.sampled_from([1e5, 3e5, 8e5]),
+                            st.sampled_from([1e4, 5e4]), st.floats(1e-4, 1e-2)),
+                  max_size=5)
+profiles = st.builds(
+    lp.Profile, batch=st.integers(1, 12), fixed=st.floats(0, 1e7), work=st.floats(0, 1e6),
+    rest=st.floats(0, 1e6), blocks=blocks.map(tuple), seconds=st.floats(1e-3, 1e-1),
+    per_micro_batch=st.floats(0, 1e-2),
+    storages=st.lists(st.sampled_from(STORAGES[1:]), unique=True).map(
+        lambda s: (lp.PLAIN, *s)),
+    split=st.booleans(), effect=st.floats(0.1, 1.0))
+
+
+@st.composite
+def measurements(draw, profile):
+    peaks = {}
+    for _ in range(draw(st.integers(0, 4))):
+        m = draw(st.integers(1, profile.batch if profile.split else 1))
+        r = tuple(sorted(draw(st.sets(st.integers(0, max(len(profile.blocks) - 1, 0)),
+                                      max_size=len(profile.blocks)))))
+        s = draw(st.sampled_from(profile.storages)).name
+        peaks[lp.memory_key(profile, m, r, s)] = draw(st.floats(0, 4e7))
+    return lp.Measured(peaks, draw(st.floats(0, 1)), draw(st.floats(0, 1e6)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), profiles, st.floats(0, 4e7), st.booleans())
+def test_the_solver_finds_what_brute_force_finds(data, profile, available, exact):
+    measured = data.draw(measurements(profile))
+    got = lp.solve(profile, available, exact, measured)
+    want = brute_force(profile, available, exact, measured)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.peak <= available
+        assert got.seconds == pytest.approx(want.seconds, rel=1e-9, abs=1e-15)
+        assert lp.Storage and (not exact or got.storage in
+                               {s.name for s in profile.storages if s.exact})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), profiles, st.booleans())
+def test_smallest_is_the_least_any_plan_fits_in(data, profile, exact):
+    measured = data.draw(measurements(profile))
+    least = lp.smallest(profile, exact, measured)
+    assert lp.solve(profile, least * (1 + 1e-9) + 1e-6, exact, measured) is not None
+    assert lp.solve(profile, least * (1 - 1e-6) - 1, exact, measured) is None
+
+
+def test_plenty_of_room_is_plain_training():
+    p = lp.Profile(batch=8, fixed=1e6, work=1e6, rest=1e6,
+                   blocks=(lp.Block(4e6, 1e5, 1e-3),) * 4, seconds=1e-2,
+                   per_micro_batch=1e-3, storages=STORAGES)
+    plan = lp.solve(p, 1e12)
+    assert (plan.micro_batches, plan.recompute, plan.storage) == (1, (), "plain")
+
+
+def test_exact_plans_win_unless_lossy_is_much_faster():
+    blocks = (lp.Block(4e6, 1e5, 1e-4),) * 4
+    base = dict(batch=8, fixed=0, work=1e5, rest=0, blocks=blocks, seconds=1e-2,
+                per_micro_batch=1e-3)
+    # a tight limit: exact needs micro-batches or recomputation, both cheap here
+    tight = lp.predict(lp.Profile(**base), 8, range(4), lp.PLAIN).peak * 2
+    plan = lp.solve(lp.Profile(**base, storages=STORAGES), tight)
+    assert plan.storage in ("plain", "lossless", "paged")
+    # recomputation and micro-batches made costly: lossy saves are then worth it
+    slow = dict(base, blocks=(lp.Block(4e6, 1e5, 1.0),) * 4, per_micro_batch=1.0)
+    no_disk = tuple(s for s in STORAGES if s.name != "paged")
+    plan = lp.solve(lp.Profile(**slow, storages=no_disk), tight)
+    assert plan.storage in ("8bit", "4bit")
+    assert lp.solve(lp.Profile(**slow, storages=no_disk), tight, exact=True).storage in (
+        "plain", "lossless")
+
+
+def test_batch_norm_forbids_micro_batches():
+    p = lp.Profile(batch=8, fixed=0, work=1e6, rest=0, split=False)
+    assert lp.solve(p, 7e6) is None
+    assert lp.smallest(p) == pytest.approx(8e6)
+    assert lp.solve(lp.Profile(batch=8, fixed=0, work=1e6, rest=0), 2e6).micro_batches == 4
+
+
+def test_a_plan_round_trips_through_a_dict():
+    plan = lp.Plan(4, (0, 2), "8bit", 1e6, 0.5)
+    assert lp.Plan.from_dict(plan.to_dict()) == plan
+    assert math.isclose(lp.Plan.from_dict(plan.to_dict()).peak, 1e6)
+
+
+def test_many_kinds_of_blocks_fall_back_to_an_order():
+    blocks = tuple(lp.Block(1e5 * (i + 1), 1e3, 1e-3) for i in range(16))
+    sets = lp.recompute_sets(blocks)
+    assert len(sets) == 17 and sets[0] == () and len(sets[-1]) == 16

@@ -1,0 +1,291 @@
+"""actcodec.torch.Step: the training step within a memory limit. Gradients against plain
+PyTorch's for each technique a plan combines, the limit's errors, bad input, faults, a limit
+changed from another thread. (That the measured peak stays under the limit is the memory
+command's to show, in fresh processes: `python -m actcodec memory --configs limit=...`.)"""
+import threading
+
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+import actcodec.torch as act
+from actcodec import resident
+from actcodec.torch import blocks, limit_plan
+
+MiB = 1 << 20
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), \
+            nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, width=32, depth=4, batchnorm=False):
+        super().__init__()
+        self.stem = nn.Linear(8, width)
+        self.bn = nn.BatchNorm1d(width) if batchnorm else nn.Identity()
+        self.layers = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x):
+        h = self.bn(self.stem(x))
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h).squeeze(-1)
+
+
+def mse(model, batch):
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
+def data(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randn(n, generator=g)
+
+
+def model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return Net(**kw)
+
+
+def grads(m):
+    return [p.grad.clone() if p.grad is not None else None for p in m.parameters()]
+
+
+def plain_grads(batch, **kw):
+    m = model(**kw)
+    mse(m, batch).backward()
+    return grads(m)
+
+
+def close(a, b, rtol=1e-5, atol=1e-6):
+    return all(torch.allclose(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+
+
+def test_without_a_limit_it_is_plain_training_bit_for_bit():
+    batch = data()
+    m = model()
+    loss = act.Step(m, loss_fn=mse)(batch)
+    want = plain_grads(batch)
+    assert all(torch.equal(x, y) for x, y in zip(grads(m), want))
+    assert loss.item() == pytest.approx(mse(model(), batch).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("plan", [
+    {"micro_batches": 4},
+    {"micro_batches": 5},  # uneven: 3, 3, 2, 2, 2
+    {"micro_batches": 1, "recompute": [0, 1, 2, 3]},
+    {"micro_batches": 3, "recompute": [1, 3], "storage": "lossless"},
+    {"micro_batches": 2, "recompute": [0], "storage": "paged"},
+])
+def test_exact_plans_give_plain_gradients_up_to_summation_order(plan, tmp_path):
+    batch = data()
+    m = model()
+    step = act.Step(m, loss_fn=mse, plan=plan, spill_dir=str(tmp_path))
+    loss = step(batch)
+    assert close(grads(m), plain_grads(batch))
+    assert loss.item() == pytest.approx(mse(model(), batch).item(), rel=1e-5)
+    assert step.stats.micro_batches == plan["micro_batches"]
+
+
+def test_a_lossy_plan_stays_close():
+    batch = data(64)
+    m = model(width=64)
+    act.Step(m, loss_fn=mse, plan={"micro_batches": 2, "storage": "8bit"})(batch)
+    got = torch.cat([g.flatten() for g in grads(m)])
+    want = torch.cat([g.flatten() for g in plain_grads(batch, width=64)])
+    assert F.cosine_similarity(got, want, dim=0) > 0.999
+
+
+def test_gradients_add_to_what_grad_holds():
+    batch = data()
+    m = model()
+    mse(m, batch).backward()
+    act.Step(m, loss_fn=mse, plan={"micro_batches": 3})(batch)
+    assert close(grads(m), [2 * g for g in plain_grads(batch)])
+
+
+def test_weighted_micro_batches_give_the_weighted_mean():
+    x, y = data()
+    w = torch.arange(1.0, 13.0)
+
+    def weighted(m, b):
+        xb, yb, wb = b
+        return (wb * (m(xb) - yb) ** 2).sum() / wb.sum(), wb.sum()
+
+    m = model()
+    mse(m, (x, y)).backward()  # .grad held before the step stays, added to
+    act.Step(m, loss_fn=weighted, plan={"micro_batches": 4})((x, y, w))
+    ref = model()
+    mse(ref, (x, y)).backward()
+    weighted(ref, (x, y, w))[0].backward()
+    assert close(grads(m), grads(ref))
+
+
+def test_a_limit_plans_within_it_and_names_its_plan():
+    batch = data(64)
+    m = model(width=64)
+    step = act.Step(m, limit=resident.rss() + 512 * MiB, loss_fn=mse)
+    step(batch)
+    assert isinstance(step.plan, limit_plan.Plan)
+    assert "micro-batch" in step.describe()
+    assert step.stats.limit == step.limit and step.stats.peak > 0
+    assert close(grads(m), plain_grads(batch, width=64), rtol=1e-4, atol=1e-5)
+
+
+def test_exact_forbids_lossy_storage():
+    batch = data(64)
+    step = act.Step(model(width=64), limit=resident.rss() + 256 * MiB, loss_fn=mse, exact=True)
+    step(batch)
+    assert all(s.exact for s in step.profile.storages)
+    assert step.plan.storage in ("plain", "lossless", "paged")
+
+
+def test_a_limit_below_the_floor_raises_and_leaves_grad_alone():
+    m = model()
+    step = act.Step(m, limit=resident.rss() // 2, loss_fn=mse)
+    with pytest.raises(act.MemoryLimitError, match="nothing was added to .grad") as err:
+        step(data())
+    assert isinstance(err.value, MemoryError)
+    assert err.value.needed > step.limit
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_batch_norm_keeps_one_micro_batch_unless_ghost_batch_norm_is_allowed():
+    m = model(batchnorm=True)
+    assert act.Step(m, limit="64GiB", loss_fn=mse)._split() is False
+    assert act.Step(m, limit="64GiB", loss_fn=mse, ghost_batchnorm=True)._split() is True
+    m.eval()
+    assert act.Step(m, limit="64GiB", loss_fn=mse)._split() is True
+
+
+def test_probes_leave_batch_norm_statistics_as_they_were():
+    m = model(batchnorm=True)
+    before = m.bn.running_mean.clone(), m.bn.num_batches_tracked.clone()
+    step = act.Step(m, limit=resident.rss() + 512 * MiB, loss_fn=mse)
+    step(data())
+    ref = model(batchnorm=True)
+    mse(ref, data()).backward()
+    assert torch.allclose(m.bn.running_mean, ref.bn.running_mean)
+    assert m.bn.num_batches_tracked == before[1] + 1
+
+
+@pytest.mark.parametrize("limit, match", [("lots", "cannot read"), (-1, "0 or more"),
+                                          (1.5, "number of bytes")])
+def test_a_limit_that_is_not_a_size_is_refused(limit, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        act.Step(model(), limit=limit, loss_fn=mse)
+
+
+def test_bad_batches_and_losses_are_named():
+    step = act.Step(model(), loss_fn=mse)
+    with pytest.raises(ValueError, match="no batch dimension"):
+        step((torch.tensor(1.0), torch.tensor(2.0)))
+    with pytest.raises(TypeError, match="a batch is a tensor"):
+        step(3)
+    with pytest.raises(ValueError, match="batch_size=5"):
+        act.Step(model(), loss_fn=mse, batch_size=5)(data())
+    with pytest.raises(ValueError, match=r"scalar loss .* shape \(12,\)"):
+        act.Step(model(), loss_fn=lambda m, b: (m(b[0]) - b[1]) ** 2)(data())
+    with pytest.raises(TypeError, match="needs loss_fn"):
+        act.Step(model())(data())
+    with pytest.raises(ValueError, match="bits"):
+        act.Step(model(), bits=3)
+
+
+def test_an_exception_in_a_micro_batch_says_what_was_accumulated():
+    batch = data()
+    calls = []
+
+    def failing(m, b):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("data loader broke")
+        return mse(m, b)
+
+    m = model()
+    with pytest.raises(RuntimeError, match="data loader broke") as err:
+        act.Step(m, loss_fn=failing, plan={"micro_batches": 4})(batch)
+    assert any("2 micro-batch(es)" in n and "micro-batch 3 of 4" in n
+               for n in err.value.__notes__)
+    # what is in .grad is exactly the first two micro-batches' share
+    ref = model()
+    for part in (slice(0, 3), slice(3, 6)):
+        (mse(ref, (batch[0][part], batch[1][part])) * 3 / 12).backward()
+    assert close(grads(m), grads(ref))
+
+
+def test_a_limit_lowered_from_another_thread_holds_from_the_next_step():
+    batch = data(64)
+    m = model(width=64)
+    floor = resident.rss()
+    step = act.Step(m, limit=floor + 1024 * MiB, loss_fn=mse)
+    lowered = floor + 256 * MiB
+
+    def loss_fn(model_, b):
+        if threading.current_thread() is threading.main_thread() and step.stats.peak:
+            t = threading.Thread(target=setattr, args=(step, "limit", lowered))
+            t.start()
+            t.join()
+        return mse(model_, b)
+
+    step.loss_fn = loss_fn
+    step(batch)  # plans and probes
+    step(batch)  # the limit is lowered during this one
+    assert step.stats.limit == floor + 1024 * MiB
+    step(batch)
+    assert step.stats.limit == lowered == step.limit
+
+
+def test_a_model_elsewhere_than_the_cpu_is_refused_clearly():
+    m = model().to("meta")
+    with pytest.raises(ValueError, match="CPU memory"):
+        act.Step(m, limit="1GiB", loss_fn=mse)(data())
+
+
+def test_grad_scaler_scales_the_gradients():
+    batch = data()
+    m = model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    act.Step(m, loss_fn=mse, plan={"micro_batches": 3}, scaler=scaler)(batch)
+    assert close(grads(m), [1024.0 * g for g in plain_grads(batch)], rtol=1e-4, atol=1e-3)
+
+
+def test_it_runs_under_autocast():
+    batch = data(32)
+    m = model()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        act.Step(m, loss_fn=mse, plan={"micro_batches": 2, "recompute": [0, 2],
+                                        "storage": "8bit"})(batch)
+    assert all(torch.isfinite(g).all() for g in grads(m))
+
+
+def test_repeated_blocks_are_found_in_the_module_tree():
+    assert blocks.find(model()) == list(model().layers) or \
+        [type(b) for b in blocks.find(model())] == [Block] * 4
+    assert blocks.find(nn.Linear(2, 2)) == []
+
+
+def test_transformers_blocks_and_a_dict_batch():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_layer=3, n_embd=32, n_head=2, n_positions=32, vocab_size=64,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    gpt = tf.GPT2LMHeadModel(cfg)
+    assert [type(b).__name__ for b in blocks.find(gpt)] == ["GPT2Block"] * 3
+    ids = torch.randint(0, 64, (6, 32), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids}
+    act.Step(gpt, plan={"micro_batches": 3, "recompute": [0, 1, 2]})(batch)
+    got = [p.grad.clone() for p in gpt.parameters()]
+    gpt.zero_grad(set_to_none=True)
+    gpt(**batch).loss.backward()
+    want = [p.grad for p in gpt.parameters()]
+    assert close(got, want, rtol=1e-4, atol=1e-6)
