@@ -54,3 +54,24 @@ def test_configuration_suffixes_are_store_or_heap():
         configs.check(ok)
     with pytest.raises(SystemExit, match="suffix"):
         configs.check("8bit+stor")
+
+
+def test_limit_runs_report_every_steps_peak_against_the_limit(tmp_path):
+    out = tmp_path / "memory.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "actcodec", "memory", "--model", "cnn",
+         "--sizes", "batch=8,size=16,width=8", "--configs", "limit=64GiB,limit=1MiB",
+         "--steps", "1", "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    runs = {r["config"]: r for r in json.loads(out.read_text())["results"]}
+    run = runs["limit=64GiB"]
+    assert run["within"] and len(run["step_peaks"]) == 2 and "micro-batch" in run["plan"]
+    assert "limit=1MiB" not in runs and "no plan fits a limit of 1.0 MiB" in proc.stdout
+
+
+def test_a_limit_that_is_not_a_size_is_refused_before_any_worker_runs():
+    from actcodec.apps import configs
+
+    with pytest.raises(SystemExit, match="limit=lots"):
+        configs.check("limit=lots")

@@ -7,6 +7,9 @@ one runs in:
   saves (the demo's ``budget/N-halved`` halves it half-way through training); ``offload``
   (OFFLOAD): a budget of 0, every save paged out.
 
+- ``limit=SIZE`` (e.g. ``limit=700MiB``): ``actcodec.torch.Step(model, limit=SIZE)`` runs each
+  step (its plan: micro-batches, recomputation, storage) on the model's batch.
+
 A suffix is the caller's to split off: ``+store`` installs actcodec's torch allocator by hand
 (plain runs too), ``+heap`` keeps torch's (``compress_saved(allocator=False)``); without one,
 compress_saved installs it on first use, as it does for every user.
@@ -40,13 +43,25 @@ def is_budget(name: str) -> bool:
 SUFFIXES = ("", "store", "heap")
 
 
+def limit_of(name: str) -> str | None:
+    """SIZE of a "limit=SIZE" configuration; None if the name is not one."""
+    return name[len("limit="):] if name.startswith("limit=") else None
+
+
 def check(config: str) -> None:
     """A clear error for a configuration whose name or suffix is none: SystemExit for a bad
-    budget/N or suffix, ValueError for an unknown preset."""
+    budget/N, limit or suffix, ValueError for an unknown preset."""
     name, _, suffix = config.partition("+")
     if suffix not in SUFFIXES:
         raise SystemExit(f"--configs: {config!r}: the suffix is '+store' or '+heap'")
-    if name.startswith("budget/"):
+    if limit_of(name) is not None:
+        from actcodec.torch import parse_bytes
+
+        try:
+            parse_bytes(limit_of(name))
+        except (ValueError, TypeError) as exc:
+            raise SystemExit(f"--configs: {config!r}: {exc}") from None
+    elif name.startswith("budget/"):
         if budget_divisor(name) is None:
             raise SystemExit(f"--configs: {config!r}: budget/N takes a whole N >= 1")
     elif name not in (*PLAIN, OFFLOAD):

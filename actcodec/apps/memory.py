@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma-separated (default {DEFAULT_CONFIGS}): fp32, checkpoint, a "
                         "Policy preset, budget/N (a budget of 1/N of what fp32 saves), offload "
-                        "(a budget of 0: every save paged out); "
+                        "(a budget of 0: every save paged out), limit=SIZE (act.Step within a "
+                        "memory limit, e.g. limit=700MiB); "
                         "(compress_saved installs actcodec's torch allocator on first use); "
                         "'+store': installed by hand (plain runs too), '+heap': torch's kept")
     p.add_argument("--steps", type=int, default=3, help="measured steps after the warm-up")
@@ -85,7 +86,16 @@ def main(args) -> int:
     results = []
     for c in names:
         r = _run_worker(args, c)
+        if "error" in r:
+            print(f"  {c:>14}: {r['error']}", flush=True)
+            continue
         results.append(r)
+        if "limit" in r:
+            print(f"  {c:>14}: peak RSS {r['peak_rss'] / MiB:6.0f} MiB (every step's: "
+                  f"{', '.join(str(p // MiB) for p in r['step_peaks'])}; within the limit: "
+                  f"{'yes' if r['within'] else 'NO'}), {r['step_ms']:6.0f} ms/step; "
+                  f"{r['plan']}", flush=True)
+            continue
         print(f"  {c:>14}: saved {r['saved_bytes'] / MiB:7.0f} MiB/step, peak RSS "
               f"{r['peak_rss'] / MiB:6.0f} MiB, peak live {r['peak_live'] / MiB:6.0f} MiB, "
               f"{r['step_ms']:6.0f} ms/step", flush=True)
@@ -142,7 +152,7 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         base = plain.get(_allocator(r))
         ratio = "-"
-        if base is not None and base is not r:
+        if base is not None and base is not r and "limit" not in r:
             computed = base["saved_bytes"] - r["saved_bytes"]
             if abs(computed) >= MiB:
                 ratio = f"{(base['peak_rss'] - r['peak_rss']) / computed:.2f}"

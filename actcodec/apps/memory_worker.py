@@ -37,6 +37,10 @@ def run(spec: str, config: str, steps: int, sizes: dict, threads: int,
         zoo.enable_checkpointing(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     plain = name in configs.PLAIN
+    limit = configs.limit_of(name)
+    if limit is not None:
+        return _run_limited(model, loss_fn, config, limit, warm_up, steps, suffix != "heap",
+                            opt)
     contexts = configs.step_contexts(name, model, loss_fn, allocator=suffix != "heap")
     budget = contexts().budget if configs.is_budget(name) else None  # one context all along
     sampler = Sampler()
@@ -73,3 +77,35 @@ def run(spec: str, config: str, steps: int, sizes: dict, threads: int,
     else:
         out["saved_bytes"] = max(held)
     return out
+
+
+def _run_limited(model, loss_fn, config: str, limit: str, warm_up: int, steps: int,
+                 allocator: bool, opt) -> dict:
+    """A "limit=SIZE" configuration: every step through actcodec.torch.Step, each step's own
+    peak RSS (the first included) against the limit."""
+    step = act.Step(model, limit=limit, loss_fn=loss_fn.batch_loss, allocator=allocator)
+    sampler = Sampler()
+    sampler.start()
+    sampler.on = True
+    times, peaks, plans = [], [], []
+    for i in range(warm_up + steps):
+        t0 = time.perf_counter()
+        try:
+            step(loss_fn.batch)
+        except act.MemoryLimitError as exc:
+            sampler.stop.set()
+            return {"config": config, "limit": step.limit, "error": str(exc),
+                    "needed": exc.needed, "step_peaks": peaks}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        peaks.append(step.stats.peak)
+        plans.append(step.describe())
+        if i >= warm_up:
+            times.append(time.perf_counter() - t0)
+    sampler.stop.set()
+    sampler.join()
+    return {"config": config, "limit": step.limit, "peak_rss": max(peaks),
+            "floor_rss": step.stats.floor, "peak_live": sampler.peak_live,
+            "step_ms": statistics.median(times) * 1e3, "saved_bytes": 0,
+            "step_peaks": peaks, "plan": plans[-1], "plans": plans,
+            "within": all(p <= step.limit for p in peaks)}

@@ -2,7 +2,9 @@
 ``loss_fn(model)`` a training loss on fixed random data: ``cnn`` (a ResNet-style CNN defined
 here), ``gpt2`` and ``resnet`` (transformers models built from a config, random weights,
 nothing downloaded; need transformers), or a ``package.module:function`` of your own; and
-activation checkpointing turned on as a user would."""
+activation checkpointing turned on as a user would. The built-in loss functions also carry
+their data as a batch for `actcodec.torch.Step`: ``loss_fn.batch``, and
+``loss_fn.batch_loss(model, batch)`` where the batch is not a dict with labels."""
 from __future__ import annotations
 
 import importlib
@@ -49,7 +51,13 @@ def cnn(batch: int = 32, size: int = 64, width: int = 64):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 3, size, size, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
-    return model, lambda m: F.cross_entropy(m(x), y)
+    return model, _with_batch(lambda m: F.cross_entropy(m(x), y), (x, y),
+                              lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+
+
+def _with_batch(loss_fn, batch, batch_loss=None):
+    loss_fn.batch, loss_fn.batch_loss = batch, batch_loss
+    return loss_fn
 
 
 def _transformers():
@@ -69,7 +77,8 @@ def gpt2(batch: int = 8, seq: int = 512, layers: int = 6, width: int = 384):
                         vocab_size=8192, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = tf.GPT2LMHeadModel(cfg)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
-    return model, lambda m: m(input_ids=ids, labels=ids).loss
+    return model, _with_batch(lambda m: m(input_ids=ids, labels=ids).loss,
+                              {"input_ids": ids, "labels": ids})
 
 
 def resnet(batch: int = 64, size: int = 128, channels_last: bool = False):
@@ -87,7 +96,8 @@ def resnet(batch: int = 64, size: int = 128, channels_last: bool = False):
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    return model, lambda m: m(pixel_values=x, labels=y).loss
+    return model, _with_batch(lambda m: m(pixel_values=x, labels=y).loss,
+                              {"pixel_values": x, "labels": y})
 
 
 def build(spec: str, sizes: dict | None = None):

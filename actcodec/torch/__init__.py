@@ -14,6 +14,7 @@ from . import backend  # registers the torch backend of the core (actcodec.backe
 from . import allocator
 from .accounting import Accounting
 from .backend import decode, encode
+from .budget import parse_bytes
 from .convert import convert, unconvert
 from .hooks import compress_saved, record
 from .packed import Packed
@@ -23,4 +24,5 @@ from .limit_plan import Plan
 from .step import MemoryLimitError, Step
 
 __all__ = ["Accounting", "CountSaved", "MemoryLimitError", "Packed", "Plan", "Policy", "Setting",
-           "Step", "allocator", "compress_saved", "convert", "count_saved", "decode", "encode", "record", "unconvert"]
+           "Step", "allocator", "compress_saved", "convert", "count_saved", "decode", "encode",
+           "parse_bytes", "record", "unconvert"]

@@ -58,8 +58,9 @@ class MemoryLimitError(MemoryError):
 
 @dataclasses.dataclass
 class StepStats:
-    """The last step: its peak RSS and the floor it started from (bytes), the limit it ran
-    under, what the plan predicted, micro-batches run, seconds per phase."""
+    """The last step: its peak RSS (its probes' included) and the floor it started from
+    (bytes), the limit it ran under, what the plan predicted, micro-batches run, seconds per
+    phase."""
 
     peak: int = 0
     floor: int = 0
@@ -155,21 +156,23 @@ class Step:
             self._check_device()
         stores.new_step(None)
         seconds = {}
-        floor = step_profile.floor()
-        if limit is not None and self.profile is None and not self.frozen:
-            t0 = time.perf_counter()
-            self.profile = step_profile.measure(
-                lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model, self.blocks,
-                size, _storages(self.bits, self.exact), self._split(), self.spill_dir,
-                room=(limit - floor) * (1 - SAFETY))
-            seconds["profile"] = time.perf_counter() - t0
-            floor = step_profile.floor()  # the probes' lazy state (libraries, heap) is floor
-        last = self.plan
-        plan = self._plan_for(size, limit, floor)
-        if lowered or plan != last:  # give back the pages a larger plan (or the probes) kept
-            stores.new_step(None)
-            stores.new_step(None)
-        return self._run(batch, size, plan, limit, floor, seconds)
+        with resident.Peak() as before:  # the probes' peak: the limit holds for them too
+            floor = step_profile.floor()
+            if limit is not None and self.profile is None and not self.frozen:
+                t0 = time.perf_counter()
+                self.profile = step_profile.measure(
+                    lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model,
+                    self.blocks, size, _storages(self.bits, self.exact), self._split(),
+                    self.spill_dir, room=(limit - floor) * (1 - SAFETY))
+                seconds["profile"] = time.perf_counter() - t0
+                floor = step_profile.floor()  # the probes' lazy state (libraries, heap)
+            last = self.plan
+            plan = self._plan_for(size, limit, floor)
+            if lowered or plan != last:  # give back the pages a larger plan or probes kept
+                stores.new_step(None)
+                stores.new_step(None)
+        probes = before.nbytes if "profile" in seconds else 0
+        return self._run(batch, size, plan, limit, floor, seconds, probes)
 
     def _check_device(self) -> None:
         for p in self.model.parameters():
@@ -220,7 +223,7 @@ class Step:
             self._contexts[storage] = ctx
         return self._contexts[storage]
 
-    def _run(self, batch, size, plan, limit, floor, seconds):
+    def _run(self, batch, size, plan, limit, floor, seconds, probes: int):
         ranges = mb.slices(size, plan.micro_batches)
         params = [p for p in self.model.parameters() if p.requires_grad]
         state = blocks_mod.Running(plan.recompute)
@@ -280,7 +283,7 @@ class Step:
         seconds.update(forward=forward, backward=backward,
                        total=time.perf_counter() - t_all + seconds.get("profile", 0.0))
         measured = max(0, peak.nbytes - floor)
-        self.stats = StepStats(peak=peak.nbytes, floor=floor, limit=limit,
+        self.stats = StepStats(peak=max(peak.nbytes, probes), floor=floor, limit=limit,
                                predicted=int(floor + plan.peak), micro_batches=len(ranges),
                                seconds=seconds)
         self._learn(plan, measured, size)
