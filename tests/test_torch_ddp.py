@@ -53,7 +53,7 @@ LOSSLESS_TOL = 1e-4
 QUANT_TOL = 0.05
 
 
-def launch(tmp_path):
+def launch(tmp_path, worker=None):
     """Run the ranks; return their results. The rendezvous store lives here, on a port the OS
     picked (bind to port 0) that stays bound for the whole run: parallel runs can't collide,
     and there is no window between finding a free port and binding it."""
@@ -68,7 +68,7 @@ def launch(tmp_path):
         for r in range(WORLD):
             with open(logs[r], "w") as log:  # files, not pipes: a chatty rank can't block
                 procs.append(subprocess.Popen(
-                    [sys.executable, str(WORKER), str(r), str(WORLD), str(store.port),
+                    [sys.executable, str(worker or WORKER), str(r), str(WORLD), str(store.port),
                      str(outs[r])], env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + HARD_TIMEOUT  # one deadline for all ranks
         for p in procs:
@@ -166,3 +166,14 @@ def test_8bit_is_lossy_but_close_to_lossless(runs):
     assert max(e[0] for e in err.values()) > 10 * LOSSLESS_TOL, err
     bad = {k: e for k, e in err.items() if e[1] > QUANT_TOL}
     assert not bad, f"8-bit moved the update beyond {QUANT_TOL}: {bad}"
+
+
+def test_step_micro_batches_all_reduce_once_per_step(tmp_path):
+    """act.Step under DDP: the micro-batches accumulate without communicating (no_sync) until
+    the last, so a step pays the plain step's all-reduces, and the gradients are the plain
+    step's."""
+    ranks = launch(tmp_path, Path(__file__).with_name("_ddp_step_worker.py"))
+    for r in ranks:
+        assert r["step_calls"] == r["plain_calls"] >= 1
+        for a, b in zip(r["step"], r["plain"]):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
