@@ -100,4 +100,4 @@ def loss_and_weight(out):
     if not out.requires_grad:
         raise ValueError("loss_fn's loss does not require grad: no parameter of the model "
                          "takes part in it (or it was computed under no_grad)")
-    return out.reshape(()), weight, weight is not None
+    return out.reshape(()), weight

@@ -239,8 +239,8 @@ class Step:
                     with sync:
                         t0 = time.perf_counter()
                         with blocks_mod.running(state), self._context(plan.storage):
-                            loss, weight, weighted = self._loss(
-                                mb.take(batch, size, start, stop))
+                            loss, weight = self._loss(mb.take(batch, size, start, stop))
+                        weighted = weight is not None
                         t1 = time.perf_counter()
                         if weighted:
                             if stash is None:  # set aside what .grad held before the step

@@ -138,10 +138,6 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             for b, value in buffers:
                 b.copy_(value)
     n = two.samples
-    if os.environ.get("ACTCODEC_DEBUG_PROFILE"):
-        print("probes", one.peak >> 20, two.peak >> 20, lean.peak >> 20 if every else None,
-              sum(one.saved.values()) >> 20, sum(two.saved.values()) >> 20, one.seconds,
-              two.seconds)
     slope = (two.peak - one.peak) / (n - k) if n > k else one.peak / k
     work = max(0.0, slope - sum(two.saved.values()) / n)
     # From the second micro-batch on, the gradients the first left in .grad stay for the
