@@ -42,7 +42,7 @@ profiles = st.builds(
     per_micro_batch=st.floats(0, 1e-2),
     storages=st.lists(st.sampled_from(STORAGES[1:]), unique=True).map(
         lambda s: (lp.PLAIN, *s)),
-    split=st.booleans(), effect=st.floats(0.1, 1.0))
+    split=st.booleans(), effect=st.floats(0.1, 1.0), least=st.floats(0, 2e6))
 
 
 @st.composite

@@ -11,7 +11,8 @@ A plan combines (Sage, Melon, PORT, DAF):
 
 The model of the step's peak above the floor, for a plan:
 
-    fixed + b * (work + S - effect * (S - held)),   S = rest + sum of saved over all blocks,
+    fixed + b * max(least, work + S - effect * (S - held)),
+    S = rest + sum of saved over all blocks,
     held = storage.ratio * (rest + sum of saved over blocks not in R + sum of inputs over R)
            + max of saved over blocks in R
 
@@ -68,7 +69,9 @@ class Profile:
     `per_micro_batch`, seconds each micro-batch adds; the blocks and the storages allowed;
     `split`, whether micro-batches are allowed (exact, or ghost batch norm accepted); `effect`,
 the share of a cut in what is held that the peak sees (measured: the peak may fall where
-less is held, in backward, only in part)."""
+less is held, in backward, only in part); `least`, bytes per sample the step peaks at
+holding nothing (an op's working set, a save decoded for its backward), which no plan
+goes below."""
 
     batch: int
     fixed: float
@@ -80,6 +83,7 @@ less is held, in backward, only in part)."""
     storages: tuple = (PLAIN,)
     split: bool = True
     effect: float = 1.0
+    least: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ def sample_bytes(profile: Profile, recompute, storage: Storage) -> float:
         else:
             held += block.saved
     cut = plain - (storage.ratio * held + transient)
-    return profile.work + plain - profile.effect * cut
+    return max(profile.least, profile.work + plain - profile.effect * cut)
 
 
 def _held_full(profile: Profile, recompute) -> float:

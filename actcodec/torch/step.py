@@ -163,7 +163,8 @@ class Step:
                 self.profile = step_profile.measure(
                     lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model,
                     self.blocks, size, _storages(self.bits, self.exact), self._split(),
-                    self.spill_dir, room=(limit - floor) * (1 - SAFETY))
+                    self.spill_dir, room=(limit - floor) * (1 - SAFETY),
+                    paged=self._context("paged"))
                 seconds["profile"] = time.perf_counter() - t0
                 floor = step_profile.floor()  # the probes' lazy state (libraries, heap)
             last = self.plan

@@ -43,8 +43,10 @@ class Probe:
         self.state = blocks_mod.Running(recompute, profile=True)
 
 
-def probe(run_loss, params, samples: int, recompute=()) -> Probe:
-    """Runs `run_loss(samples)` forward and backward, counting (see module doc)."""
+def probe(run_loss, params, samples: int, recompute=(), storage=None) -> Probe:
+    """Runs `run_loss(samples)` forward and backward, counting (see module doc); or, given a
+    `storage` context (compress_saved), its forward in that context, counting nothing but the
+    peak and the seconds."""
     out = Probe(samples, recompute)
     seen: set = set()
 
@@ -68,9 +70,11 @@ def probe(run_loss, params, samples: int, recompute=()) -> Probe:
     stores.new_step(None)
     base = floor()
     t0 = time.perf_counter()
-    with resident.Peak() as peak, blocks_mod.running(out.state), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = run_loss(samples)
+    counting = storage is None
+    with resident.Peak() as peak, blocks_mod.running(out.state):
+        with storage if not counting else \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = run_loss(samples)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         del grads, loss
     out.seconds = time.perf_counter() - t0
@@ -113,15 +117,19 @@ def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
 
 
 def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: bool,
-            spill_dir: str | None, room: float | None = None) -> limit_plan.Profile:
+            spill_dir: str | None, room: float | None = None,
+            paged=None) -> limit_plan.Profile:
     """The step's profile for a batch of `batch` samples: probes of k samples and of 2k
     (where they fit in `room` bytes above the floor), each twice and the second counted (the
-    first warms lazy state up and lays memory out first fit), buffers restored after. k is 1,
-    or 2 where batch norm trains (it needs two samples)."""
+    first warms lazy state up and lays memory out first fit), buffers restored after. k is 1
+    where micro-batches are allowed (a tight limit may hold little more than one sample);
+    else (the whole batch runs at once, so an eighth of it fits wherever a plan can) an eighth
+    of the batch, for a clear difference; at least 2 where batch norm trains."""
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    k = min(batch, 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
-                            m.training for m in model.modules()) else 1)
+    least = 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+                     for m in model.modules()) else 1
+    k = min(batch, least if split else max(least, batch // 8))
     every = tuple(range(len(blocks)))
     try:
         probe(run_loss, params, k)
@@ -133,19 +141,33 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if every:  # every block recomputed: how much of a cut in what is held the peak sees
             probe(run_loss, params, k, every)
             lean = probe(run_loss, params, k, every)
+        bare = []  # everything paged out: what the step needs whatever it holds
+        if paged is not None:
+            for size in sorted({k, two.samples}):
+                probe(run_loss, params, size, storage=paged)
+                bare.append(probe(run_loss, params, size, storage=paged))
     finally:
         with torch.no_grad():
             for b, value in buffers:
                 b.copy_(value)
     n = two.samples
-    slope = (two.peak - one.peak) / (n - k) if n > k else one.peak / k
-    work = max(0.0, slope - sum(two.saved.values()) / n)
+    # Per sample: what grows from k samples to 2k (what does not grow is fixed: buffers,
+    # the parameters' own gradients, saves of a batch-independent size)
+    def per_sample(a: float, b: float) -> float:
+        return max(0.0, (b - a) / (n - k)) if n > k else b / n
+
+    slope = per_sample(one.peak, two.peak)
+    saved = {key: per_sample(one.saved.get(key, 0), two.saved.get(key, 0))
+             for key in {*one.saved, *two.saved}}
+    work = max(0.0, slope - sum(saved.values()))
+    least = per_sample(bare[0].peak, bare[-1].peak) if bare else 0.0
     # From the second micro-batch on, the gradients the first left in .grad stay for the
     # whole of each (in a probe they only build up during backward)
     grads = sum(p.numel() * p.element_size() for p in params if p.grad is None)
     fixed = max(0.0, one.peak - slope * k) + grads
-    found = [limit_plan.Block(saved=two.saved.get(i, 0) / n,
-                              inputs=two.state.inputs.get(i, 0) / n,
+    found = [limit_plan.Block(saved=saved.get(i, 0.0),
+                              inputs=per_sample(one.state.inputs.get(i, 0),
+                                                two.state.inputs.get(i, 0)),
                               forward=two.state.seconds.get(i, 0.0) / n) for i in every]
     # t(n) = overhead + n * per sample: two sizes give the overhead a micro-batch adds
     per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
@@ -167,9 +189,10 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if cut > 0:
             effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
     return limit_plan.Profile(batch=batch, fixed=fixed, work=work,
-                              rest=two.saved.get(None, 0) / n, blocks=tuple(found),
+                              rest=saved.get(None, 0.0), blocks=tuple(found),
                               seconds=two.seconds / n, per_micro_batch=per_micro_batch,
-                              storages=tuple(made), split=split, effect=effect)
+                              storages=tuple(made), split=split, effect=effect,
+                              least=least)
 
 
 def memory_backed(path: str | None) -> bool:
