@@ -1,5 +1,6 @@
 """Command line: ``python -m actcodec info`` prints the SIMD table and self-checks every path;
-``python -m actcodec demo`` trains a small CNN under each way of storing activations;
+``python -m actcodec demo`` trains a byte-level GPT at a series of memory limits (or, with
+``--task digits``, a small CNN under each way of storing activations);
 ``python -m actcodec memory`` reports a model's peak memory, plain and compressed (both apps
 live in actcodec.apps, on the library's public API)."""
 from __future__ import annotations
@@ -77,8 +78,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actcodec")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="print the SIMD table and self-check every path")
-    demo.add_arguments(sub.add_parser("demo", help="train a small CNN on digits once per "
-                                      "storage of the saved activations; writes demo.md/png"))
+    demo.add_arguments(sub.add_parser("demo", help="train a byte-level GPT at a series of "
+                                      "memory limits; writes demo.md/png"))
     memory.add_arguments(sub.add_parser("memory", help="a model's peak memory, plain and "
                                         "compressed, each in a fresh process"))
     args = parser.parse_args(argv)

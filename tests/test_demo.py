@@ -16,7 +16,8 @@ CONFIGS = ["fp32", "8bit", "checkpoint", "budget/8-halved"]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    rc = main(["demo", "--quick", "--configs", ",".join(CONFIGS), "--out", str(out),
+    rc = main(["demo", "--task", "digits", "--quick", "--configs", ",".join(CONFIGS),
+               "--out", str(out),
                "--threads", "1"])
     assert rc == 0
     with open(out / "demo.json") as f:
@@ -84,7 +85,7 @@ def test_table_ratio_column():
 
 def test_unknown_config_is_a_clear_error():
     with pytest.raises(SystemExit, match="unknown policy preset '3bit'"):
-        main(["demo", "--configs", "fp32,3bit"])
+        main(["demo", "--task", "digits", "--configs", "fp32,3bit"])
 
 
 def test_missing_packages_name_the_extra(monkeypatch):
@@ -106,3 +107,23 @@ def _args():
     p = argparse.ArgumentParser()
     demo.add_arguments(p)
     return p.parse_args(["--quick"])
+
+
+def test_the_limits_demo_trains_within_each_limit_it_accepts(tmp_path):
+    """The default demo on a tiny model: plain, checkpointing, Step at the plain peak, 1/2,
+    1/3 and the smallest limit it accepts, a limit too small refused; table, plot, JSON."""
+    rc = main(["demo", "--quick", "--width", "32", "--size", "64", "--batch-size", "4",
+               "--layers", "2", "--steps", "2", "--threads", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "demo.json").read_text())
+    runs = data["results"]
+    assert [r["config"] for r in runs[:2]] == ["fp32", "checkpoint"]
+    refused = runs[-1]
+    assert refused["config"] == "limit=1MiB" and refused["needed"] > 1 << 20
+    limited = [r for r in runs[2:-1] if "error" not in r]
+    assert limited, runs
+    for r in limited:
+        assert r["within"] and len(r["step_peaks"]) == 2 and r["plan"]
+        assert r["test_loss"] > 0
+    assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| limit " in (tmp_path / "demo.md").read_text()

@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 
-from . import configs, demo_digits, demo_table, demo_text
+from . import configs, demo_digits, demo_limits, demo_table, demo_text
 
 DEFAULT_CONFIGS = "fp32,lossless,8bit,4bit,2bit,auto,checkpoint,budget/4,budget/8,budget/4-halved"
 MiB = 2**20
@@ -68,9 +68,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help=f"comma-separated configurations (default: {DEFAULT_CONFIGS}); any "
                         "Policy.preset name works besides fp32 and checkpoint")
-    p.add_argument("--task", choices=("digits", "text"), default="digits",
-                   help="digits: a CNN on scikit-learn's digits (default); text: a byte-level "
-                        "language model on the standard library's pydoc_data topics")
+    p.add_argument("--task", choices=("limits", "digits", "text"), default="limits",
+                   help="limits (default): a byte-level GPT on Python's own help text at a "
+                        "series of memory limits (act.Step) beside plain training and "
+                        "checkpointing (demo_limits.py); digits: a CNN on scikit-learn's digits "
+                        "once per way of storing activations; text: the same on a byte-level "
+                        "language model")
+    p.add_argument("--layers", type=int, help="limits: the model's blocks (default "
+                   f"{demo_limits.FULL['layers']})")
+    p.add_argument("--steps", type=int, help="limits: training steps per configuration "
+                   f"(default {demo_limits.FULL['steps']}, --quick {demo_limits.QUICK['steps']})")
+    p.add_argument("--settings", help=argparse.SUPPRESS)  # limits: the parent's, as JSON
     p.add_argument("--width", type=int,
                    help=f"channels of the first block (default {FULL['width']})")
     p.add_argument("--batch-size", type=int, help=f"default {FULL['batch_size']}")
@@ -149,6 +157,13 @@ def _configs(text: str) -> list[str]:
 
 def main(args) -> int:
     _require()
+    if getattr(args, "task", "limits") == "limits":
+        if args.worker:
+            result = demo_limits.run(args.worker, json.loads(args.settings), args.data)
+            with open(args.result, "w") as f:
+                json.dump(result, f)
+            return 0
+        return demo_limits.parent(demo_limits.settings(args), args.out)
     if args.worker:
         if not args.data:
             raise SystemExit("--worker needs --data (the parent makes it)")

@@ -154,7 +154,6 @@ class Step:
             limit, lowered, self._lowered = self._limit, self._lowered, False
         if limit is not None:
             self._check_device()
-        stores.new_step(None)
         seconds = {}
         with resident.Peak() as before:  # the probes' peak: the limit holds for them too
             floor = step_profile.floor()
@@ -239,6 +238,8 @@ class Step:
                 try:
                     with sync:
                         t0 = time.perf_counter()
+                        if plan.storage == "plain":  # compress_saved ends a period itself
+                            stores.new_step(None)  # a period of the store per micro-batch
                         with blocks_mod.running(state), self._context(plan.storage):
                             loss, weight = self._loss(mb.take(batch, size, start, stop))
                         weighted = weight is not None

@@ -1,0 +1,205 @@
+"""``python -m actcodec demo`` (``--task limits``, the default): a GPT-style byte-level language
+model (demo_text.py) learns real text that ships with Python, at a series of memory limits for
+the whole process, each in a fresh process:
+
+- ``fp32``: plain PyTorch, no actcodec; its largest step peak RSS is the first limit;
+- ``checkpoint``: torch.utils.checkpoint on every block, what users pick today;
+- ``limit=...``: `actcodec.torch.Step(model, limit=...)` at the plain peak, about 1/2 and 1/3
+  of it, and the smallest limit the library accepts (a worker at a limit far too small is
+  refused with `MemoryLimitError`, which names it).
+
+Each reports every step's peak RSS (the probes of its first step and the optimizer's step
+included), the median step time, the loss of every step and the held-out loss at the end;
+the parent writes a table (printed and demo.md), a plot (demo.png) and demo.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import demo_text
+
+MiB = 2**20
+FULL = {"width": 256, "batch_size": 16, "size": 512, "layers": 4, "steps": 12}
+QUICK = {"width": 96, "batch_size": 8, "size": 256, "layers": 2, "steps": 5}
+TOO_SMALL = "1MiB"  # a limit no step fits in: its refusal names the smallest that does
+
+
+def settings(args) -> dict:
+    base = QUICK if args.quick else FULL
+    s = {k: (getattr(args, k, None) if getattr(args, k, None) is not None else v)
+         for k, v in base.items()}
+    s["threads"] = args.threads or os.cpu_count() or 1
+    for k, v in s.items():
+        if v < 1:
+            raise SystemExit(f"--{k.replace('_', '-')} must be at least 1")
+    if s["width"] % 4:
+        raise SystemExit("--width must be a multiple of 4 (the model's 4 heads)")
+    return s
+
+
+# ---- the worker: one configuration in this process ----
+
+def run(config: str, s: dict, data: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import actcodec.torch as act
+    from actcodec import resident
+
+    torch.set_num_threads(s["threads"])
+    x_train, y_train, x_test, y_test = demo_text.data(data)
+    model = demo_text.model(s["width"], s["size"], config == "checkpoint", layers=s["layers"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(0))
+
+    def loss_fn(m, batch):
+        x, y = batch
+        return F.cross_entropy(m(x).flatten(0, 1), y.flatten())
+
+    limit = config[len("limit="):] if config.startswith("limit=") else None
+    step = act.Step(model, limit=limit, loss_fn=loss_fn) if limit is not None else None
+    peaks, times, losses = [], [], []
+    for i in range(s["steps"]):
+        idx = order[(i * s["batch_size"]) % len(order):][:s["batch_size"]]
+        batch = (x_train[idx], y_train[idx])
+        t0 = time.perf_counter()
+        if step is None:
+            with resident.Peak() as p:
+                loss = loss_fn(model, batch)
+                loss.backward()
+            peak = p.nbytes
+        else:
+            try:
+                loss = step(batch)
+            except act.MemoryLimitError as exc:
+                return {"config": config, "limit": step.limit, "error": str(exc),
+                        "needed": exc.needed, "step_peaks": peaks}
+            peak = step.stats.peak
+        with resident.Peak() as p:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        peaks.append(max(peak, p.nbytes))
+        losses.append(float(loss))
+        print(f"    {config} step {i + 1}/{s['steps']}: loss {losses[-1]:.3f}, peak "
+              f"{peaks[-1] / MiB:.0f} MiB, {times[-1]:.1f} s", flush=True)
+    with torch.no_grad():
+        test = float(loss_fn(model, (x_test[:s["batch_size"]], y_test[:s["batch_size"]])))
+    return {"config": config, "limit": None if step is None else step.limit,
+            "step_peaks": peaks, "peak": max(peaks), "losses": losses, "test_loss": test,
+            "step_s": statistics.median(times[1:] or times),
+            "plan": None if step is None else step.describe(),
+            "within": None if step is None else all(p <= step.limit for p in peaks)}
+
+
+# ---- the parent ----
+
+def _worker(config: str, s: dict, tmp: str) -> dict:
+    path = os.path.join(tmp, "result.json")
+    cmd = [sys.executable, "-m", "actcodec", "demo", "--task", "limits", "--worker", config,
+           "--result", path, "--data", os.path.join(tmp, "text.npz"),
+           "--settings", json.dumps(s)]
+    if subprocess.run(cmd).returncode != 0:
+        raise SystemExit(f"the {config} worker failed: {' '.join(cmd)}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def parent(s: dict, out: str) -> int:
+    t0 = time.perf_counter()
+    os.makedirs(out, exist_ok=True)
+    print(f"actcodec demo: a byte-level GPT ({s['layers']} x {s['width']}, batch "
+          f"{s['batch_size']} x {s['size']} bytes of Python's own help text) at memory limits, "
+          f"{s['steps']} steps each in a fresh process, {s['threads']} threads", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="actcodec-demo-") as tmp:
+        demo_text.split(os.path.join(tmp, "text.npz"), s["size"])
+
+        def show(r):
+            if "error" in r:
+                print(f"  {r['config']}: refused: {r['error']}", flush=True)
+            else:
+                print(f"  {r['config']}: peak {r['peak'] / MiB:.0f} MiB, {r['step_s']:.2f} "
+                      f"s/step, held-out loss {r['test_loss']:.3f}"
+                      + (f"; {r['plan']}" if r["plan"] else ""), flush=True)
+            return r
+
+        plain = show(_worker("fp32", s, tmp))
+        results += [plain, show(_worker("checkpoint", s, tmp))]
+        top = plain["peak"]
+        refused = show(_worker(f"limit={TOO_SMALL}", s, tmp))
+        least = refused.get("needed")
+        limits = [top, top // 2, top // 3] + ([least] if least else [])
+        for limit in sorted(set(limits), reverse=True):
+            if least and limit < least:
+                results.append({"config": f"limit={limit // MiB}MiB", "limit": limit,
+                                "error": f"below the smallest limit accepted "
+                                         f"({least / MiB:.0f} MiB)", "step_peaks": []})
+                continue
+            results.append(show(_worker(f"limit={limit}", s, tmp)))
+        results.append(refused)
+    total = time.perf_counter() - t0
+    table = format_table(results, plain)
+    print("\n" + table + f"\n\nTotal {total:.0f} s.")
+    with open(os.path.join(out, "demo.md"), "w") as f:
+        f.write("# actcodec demo: training within a memory limit\n\n" + table + "\n")
+    with open(os.path.join(out, "demo.json"), "w") as f:
+        json.dump({"settings": s, "total_seconds": total, "results": results}, f, indent=1)
+    plot(results, os.path.join(out, "demo.png"))
+    print(f"wrote {os.path.join(out, 'demo.md')}, demo.png and demo.json")
+    return 0
+
+
+def _name(r: dict) -> str:
+    limit = r.get("limit")
+    return r["config"] if limit is None else f"limit {limit / MiB:.0f} MiB"
+
+
+def format_table(results: list, plain: dict) -> str:
+    lines = ["| config | every step's peak RSS MiB | within | step s | vs fp32 | held-out loss "
+             "| plan |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {_name(r)} | refused: {r['error']} | | | | | |")
+            continue
+        within = "-" if r["within"] is None else ("yes" if r["within"] else "NO")
+        lines.append(f"| {_name(r)} | {', '.join(str(p // MiB) for p in r['step_peaks'])} | "
+                     f"{within} | {r['step_s']:.2f} | {r['step_s'] / plain['step_s']:.2f}x | "
+                     f"{r['test_loss']:.3f} | {r['plan'] or '-'} |")
+    return "\n".join(lines)
+
+
+def plot(results: list, path: str) -> None:
+    from matplotlib.figure import Figure
+
+    ran = [r for r in results if "error" not in r]
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    names = [_name(r) for r in ran]
+    ax1.bar(names, [r["peak"] / MiB for r in ran], color="tab:blue", label="peak RSS")
+    for i, r in enumerate(ran):
+        if r["limit"] is not None:
+            ax1.hlines(r["limit"] / MiB, i - 0.4, i + 0.4, color="tab:red",
+                       label="limit" if i == 2 else None)
+    ax1.set_ylabel("MiB")
+    ax1.set_title("largest step's peak RSS against its limit")
+    ax1.legend()
+    ax2.bar(names, [r["step_s"] for r in ran], color="tab:gray")
+    ax2.set_ylabel("median s per step")
+    ax2.set_title("step time")
+    for r, name in zip(ran, names):
+        ax3.plot(range(1, len(r["losses"]) + 1), r["losses"], label=name)
+    ax3.set_xlabel("step")
+    ax3.set_ylabel("training loss")
+    ax3.set_title("loss per step")
+    ax3.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=30)
+        ax.grid(axis="y", alpha=0.3)
+    fig.savefig(path, dpi=110)
