@@ -198,8 +198,7 @@ class Step:
         available = room * (1 - SAFETY) - SAFETY_BYTES
         plan = limit_plan.solve(profile, available, self.exact, self._measured)
         if plan is None:
-            least = limit_plan.smallest(profile, self.exact, self._measured)
-            needed = int(floor + (least + SAFETY_BYTES) / (1 - SAFETY)) + 1
+            needed = self._needed(profile, floor)
             raise MemoryLimitError(
                 f"no plan fits a limit of {limit / MiB:.1f} MiB: the process holds "
                 f"{floor / MiB:.0f} MiB before the step, and the smallest plan for a batch of "
@@ -207,6 +206,19 @@ class Step:
                 needed)
         self.plan = plan
         return plan
+
+    def _needed(self, profile, floor: int) -> int:
+        """The smallest limit a plan fits in above `floor`, margins included."""
+        least = limit_plan.smallest(profile, self.exact, self._measured)
+        return int(floor + (least + SAFETY_BYTES) / (1 - SAFETY)) + 1
+
+    def smallest_limit(self) -> int | None:
+        """The smallest limit the next step would accept, from the process's floor now (the
+        optimizer's state included, once it exists) and what the steps so far measured; None
+        before the first step under a limit has profiled the model."""
+        if self.profile is None:
+            return None
+        return self._needed(self.profile, step_profile.floor())
 
     def _loss(self, micro_batch):
         return mb.loss_and_weight(self.loss_fn(self.model, micro_batch))
