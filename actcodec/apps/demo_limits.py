@@ -146,7 +146,7 @@ def parent(s: dict, out: str) -> int:
         named = [x for x in smallest if x]
         least = int(min(named) * ABOVE_NAMED) if named else None
         accepted = [r["limit"] for r in results if r.get("limit") and "error" not in r]
-        if least is not None and least < min(accepted, default=top):
+        if least is not None and (not accepted or least < min(accepted)):
             results.append(show(_worker(f"limit={least // MiB}MiB", s, tmp)))
         results.append(show(_worker(f"limit={TOO_SMALL}", s, tmp)))
     total = time.perf_counter() - t0
