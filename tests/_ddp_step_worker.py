@@ -49,6 +49,8 @@ def main(rank: int, world: int, port: int, out: str) -> None:
     mse(model, (x, y)).backward()
     torch.save({"step_calls": step_calls, "plain_calls": len(calls), "step": step_grads,
                 "plain": [p.grad.clone() for p in model.parameters()]}, out)
+    dist.barrier()  # no rank tears the group down while another still talks through it
+    del model
     dist.destroy_process_group()
 
 
