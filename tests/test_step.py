@@ -289,3 +289,40 @@ def test_transformers_blocks_and_a_dict_batch():
     gpt(**batch).loss.backward()
     want = [p.grad for p in gpt.parameters()]
     assert close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_budget_plan_spends_the_room_on_bits_and_never_goes_below_bits():
+    batch = data(64)
+    m = model(width=64)
+    step = act.Step(m, limit=resident.rss() + 1024 * MiB, loss_fn=mse, bits=4,
+                    plan={"micro_batches": 2, "storage": "budget"})
+    step(batch)
+    ctx = step._contexts["budget"]
+    assert ctx.min_bits == 4 and ctx.budget > 0
+    assert ctx.limit.sites and all(site.min_bits >= 4 for site in ctx.limit.sites.values())
+    got = torch.cat([g.flatten() for g in grads(m)])
+    want = torch.cat([g.flatten() for g in plain_grads(batch, width=64)])
+    assert F.cosine_similarity(got, want, dim=0) > 0.999
+
+
+def test_a_limit_lowered_mid_step_makes_room_at_once_in_what_the_budget_holds(tmp_path):
+    batch = data(256)
+    m = model(width=128)
+    floor = resident.rss()
+    step = act.Step(m, limit=floor + 1024 * MiB, loss_fn=mse, spill_dir=str(tmp_path),
+                    plan={"micro_batches": 1, "storage": "budget"})
+    lowered = []
+
+    def lower(module, args, out):  # in the forward, after the first blocks saved
+        if not lowered:
+            lowered.append(step._in_flight.budget)
+            step.limit = step.limit - 1023 * MiB
+    handle = m.layers[2].register_forward_hook(lower)
+    step(batch)
+    handle.remove()
+    stats = step._contexts["budget"].stats
+    assert lowered and step._contexts["budget"].budget == max(0, lowered[0] - 1023 * MiB)
+    assert stats.spilled > 0 or stats.reencoded > 0
+    got = torch.cat([g.flatten() for g in grads(m)])
+    want = torch.cat([g.flatten() for g in plain_grads(batch, width=128)])
+    assert F.cosine_similarity(got, want, dim=0) > 0.999

@@ -78,8 +78,9 @@ class Budget:
     learned about each site, this step's plan, and the live saves with what makes room. The
     hooks (compress_saved) and the converted modules (record) both save through it."""
 
-    def __init__(self, stats, budget, spill_dir: str | None = None):
+    def __init__(self, stats, budget, spill_dir: str | None = None, min_bits: int = 0):
         self.stats, self.nbytes = stats, parse_bytes(budget)
+        self.min_bits = min_bits  # no save planned or re-encoded below this many bits
         self.keeper = Keeper(stats, spill_dir)
         self.sites: dict = {}
         self.plan: dict = {}
@@ -120,7 +121,7 @@ class Budget:
 
     def admit(self, t: torch.Tensor, packed, setting, op: str, site, store) -> None:
         """Learns from `packed` (t encoded at `setting`) and holds it within the budget."""
-        learned = _learn(t, packed, op)
+        learned = _learn(t, packed, op, self.min_bits)
         if learned is not None:
             before = self.sites.get(site)
             if before is not None:  # group sizes this encoding could not tell: as before
@@ -142,7 +143,7 @@ class Budget:
         self.fixed_bytes += nbytes
 
 
-def _learn(t: torch.Tensor, packed, op: str) -> Site | None:
+def _learn(t: torch.Tensor, packed, op: str, min_bits: int = 0) -> Site | None:
     """What the plan knows about this save, or None where no choice applies (masks,
     integers)."""
     enc = packed.enc
@@ -151,4 +152,4 @@ def _learn(t: torch.Tensor, packed, op: str) -> Site | None:
     n = t.numel()
     nnz = enc.nnz if enc.nnz is not None else n
     return Site(n, nnz, t.element_size(), noise.noise_at_one_bit(t, enc, op),
-                planner.min_bits(op), "bitmap_quant" if op in SIGN_READ else None)
+                max(planner.min_bits(op), min_bits), "bitmap_quant" if op in SIGN_READ else None)

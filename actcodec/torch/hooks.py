@@ -38,10 +38,11 @@ class compress_saved:
     activation store by default, None for numpy's heap).
 
     budget (bytes, or a string such as "256MiB"): what the step holds for backward never
-    exceeds it; the bits of each save are planned from the steps before (enter the same
-    context every step), and what does not fit is re-encoded at fewer bits or paged out to a
-    temporary file in `spill_dir` (actcodec.torch.budget); 0 pages every save out. Without a
-    policy, 8 bits in groups of 64.
+    exceeds it (nor does a save go below `min_bits`); the bits of each save are planned
+    from the steps before (enter the same context every step), and what does not fit is
+    re-encoded at fewer bits or paged out to a temporary file in `spill_dir`
+    (actcodec.torch.budget); 0 pages every save out. Without a policy, 8 bits in groups
+    of 64.
 
     allocator: on first use, install actcodec's torch allocator (actcodec.torch.allocator) for
     the process, so that the activations a step frees leave no holes in the heap and the
@@ -50,7 +51,7 @@ class compress_saved:
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
                  store=save.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
-                 allocator: bool = True, **policy_kwargs):
+                 allocator: bool = True, min_bits: int = 0, **policy_kwargs):
         if policy is not None and policy_kwargs:
             raise TypeError("pass a Policy or policy keywords, not both")
         if policy is None and budget is not None:
@@ -59,10 +60,10 @@ class compress_saved:
         self.store = save.store_of(store)
         self.allocator = bool(allocator) and self.store is not None
         self.stats = Accounting(self.store)
-        self.spill_dir = spill_dir
+        self.spill_dir, self.min_bits = spill_dir, min_bits
         self.limit = None  # the budget.Budget saves go through, once a budget is set
         if budget is not None:
-            self.limit = budgets.Budget(self.stats, budget, spill_dir)
+            self.limit = budgets.Budget(self.stats, budget, spill_dir, min_bits)
         self._names = ({id(m): n or type(m).__name__ for n, m in model.named_modules()}
                        if model is not None else {})
         self.session: save.SaveSession | None = None  # the step's, while inside
@@ -78,7 +79,7 @@ class compress_saved:
     @budget.setter
     def budget(self, value) -> None:
         if self.limit is None:
-            self.limit = budgets.Budget(self.stats, value, self.spill_dir)
+            self.limit = budgets.Budget(self.stats, value, self.spill_dir, self.min_bits)
         else:
             self.limit.set(value)
 

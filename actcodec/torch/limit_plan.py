@@ -123,7 +123,8 @@ def sample_bytes(profile: Profile, recompute, storage: Storage) -> float:
     return max(profile.least, profile.work + plain - profile.effect * cut)
 
 
-def _held_full(profile: Profile, recompute) -> float:
+def held_bytes(profile: Profile, recompute) -> float:
+    """Bytes per sample held for backward at full size, for a set of recomputed blocks."""
     return profile.rest + sum(b.inputs if i in recompute else b.saved
                               for i, b in enumerate(profile.blocks))
 
@@ -164,7 +165,7 @@ def predict(profile: Profile, micro_batches: int, recompute, storage: Storage,
                          profile.fixed + b * sample_bytes(profile, recompute, storage))
     seconds = (profile.batch * (profile.seconds
                                 + sum(profile.blocks[i].forward for i in recompute)
-                                + storage.seconds_per_byte * _held_full(profile, recompute))
+                                + storage.seconds_per_byte * held_bytes(profile, recompute))
                + micro_batches * profile.per_micro_batch)
     return Plan(micro_batches, recompute, storage.name, peak, seconds)
 

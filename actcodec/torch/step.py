@@ -45,6 +45,7 @@ SAFETY, SAFETY_BYTES = 0.05, 16 * MiB
 # probes are small.
 CAUTION = 0.25
 LOSSY_BITS = (8, 4, 2)
+UNBOUNDED = 1 << 60  # a budget that holds everything (then every save stays exact)
 
 
 class MemoryLimitError(MemoryError):
@@ -78,10 +79,9 @@ class StepStats:
 
 
 def _storages(bits: int, exact: bool) -> tuple:
-    names = ["plain", "lossless", "paged"]
-    if not exact:
-        names += [f"{b}bit" for b in LOSSY_BITS if b >= bits]
-    return tuple(names)
+    """Exact: as it is, lossless, paged out. Lossy: "budget", a saved-bytes budget over the
+    room the plan leaves, bits per save by importance per byte, none below `bits`."""
+    return ("plain", "lossless", "paged") + (() if exact else ("budget",))
 
 
 class Step:
@@ -120,6 +120,8 @@ class Step:
         blocks_mod.wrap(self.blocks)
         self._contexts: dict = {}
         self._measured = limit_plan.Measured(caution=CAUTION)  # peaks of the plans run
+        self._available = None  # bytes the last plan may add above the floor
+        self._in_flight = None  # the budget context of the step running now, if any
         if spill_dir is not None and step_profile.memory_backed(spill_dir):
             warnings.warn(f"spill_dir {spill_dir!r} is memory-backed (tmpfs): what the step "
                           f"pages out there still takes the machine's memory", RuntimeWarning,
@@ -140,6 +142,11 @@ class Step:
         with self._lock:
             if value is not None and (self._limit is None or value < self._limit):
                 self._lowered = True
+                ctx = self._in_flight
+                if ctx is not None and self._limit is not None:
+                    # the step in flight makes room at once in what its budget holds
+                    # (re-encoded down to `bits`, then paged out)
+                    ctx.budget = max(0, ctx.budget - (self._limit - value))
             self._limit = value
 
     def freeze(self) -> limit_plan.Plan | None:
@@ -163,7 +170,8 @@ class Step:
                     lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model,
                     self.blocks, size, _storages(self.bits, self.exact), self._split(),
                     self.spill_dir, room=(limit - floor) * (1 - SAFETY),
-                    paged=self._context("paged"))
+                    paged=self._context("paged"), bits=self.bits,
+                    budgeted=None if self.exact else self._context("budget"))
                 seconds["profile"] = time.perf_counter() - t0
                 floor = step_profile.floor()  # the probes' lazy state (libraries, heap)
             last = self.plan
@@ -196,6 +204,7 @@ class Step:
         profile = dataclasses.replace(self.profile, batch=size)
         room = limit - floor
         available = room * (1 - SAFETY) - SAFETY_BYTES
+        self._available = available
         plan = limit_plan.solve(profile, available, self.exact, self._measured)
         if plan is None:
             needed = self._needed(profile, floor)
@@ -206,6 +215,22 @@ class Step:
                 needed)
         self.plan = plan
         return plan
+
+    def _held_allowance(self, plan, size: int, limit, floor: int) -> int:
+        """A budget plan's bytes held for backward: what the model gives its saves at their
+        fewest bits, plus the room the plan leaves (the budget spends it on more bits where
+        they matter most). Without a profile (a pinned plan): the room above the floor, or
+        everything without a limit."""
+        if limit is None:
+            return UNBOUNDED
+        room = (limit - floor) * (1 - SAFETY) - SAFETY_BYTES
+        if self.profile is None or self._available is None:
+            return int(max(0, room))
+        profile = dataclasses.replace(self.profile, batch=size)
+        storage = next(s for s in profile.storages if s.name == "budget")
+        b = -(-size // plan.micro_batches)
+        held = b * storage.ratio * limit_plan.held_bytes(profile, plan.recompute)
+        return int(max(0.0, held + max(0.0, self._available - plan.peak)))
 
     def _needed(self, profile, floor: int) -> int:
         """The smallest limit a plan fits in above `floor`, margins included."""
@@ -230,6 +255,9 @@ class Step:
             if storage == "paged":
                 ctx = compress_saved(Policy.preset("lossless"), model=self.model, budget=0,
                                      spill_dir=self.spill_dir)
+            elif storage == "budget":
+                ctx = compress_saved(model=self.model, budget=UNBOUNDED,
+                                     spill_dir=self.spill_dir, min_bits=self.bits)
             else:
                 ctx = compress_saved(Policy.preset(storage), model=self.model)
             self._contexts[storage] = ctx
@@ -237,61 +265,70 @@ class Step:
 
     def _run(self, batch, size, plan, limit, floor, seconds, probes: int):
         ranges = mb.slices(size, plan.micro_batches)
+        if plan.storage == "budget":
+            ctx = self._context("budget")
+            ctx.budget = self._held_allowance(plan, size, limit, floor)
+            with self._lock:
+                self._in_flight = ctx
         params = [p for p in self.model.parameters() if p.requires_grad]
         state = blocks_mod.Running(plan.recompute)
         no_sync = getattr(self.model, "no_sync", None)
         total, weights, stash, done = None, 0.0, None, 0
         forward = backward = 0.0
         t_all = time.perf_counter()
-        with resident.Peak() as peak:
-            for j, (start, stop) in enumerate(ranges):
-                last = j == len(ranges) - 1
-                sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
-                try:
-                    with sync:
-                        t0 = time.perf_counter()
-                        if plan.storage == "plain":  # compress_saved ends a period itself
-                            stores.new_step(None)  # a period of the store per micro-batch
-                        with blocks_mod.running(state), self._context(plan.storage):
-                            loss, weight = self._loss(mb.take(batch, size, start, stop))
-                        weighted = weight is not None
-                        t1 = time.perf_counter()
-                        if weighted:
-                            if stash is None:  # set aside what .grad held before the step
-                                stash = {p: p.grad for p in params}
-                                for p in params:
-                                    p.grad = None
-                            before, weights = weights, weights + weight
-                            if before > 0 and weights > 0:
-                                with torch.no_grad():
+        try:
+            with resident.Peak() as peak:
+                for j, (start, stop) in enumerate(ranges):
+                    last = j == len(ranges) - 1
+                    sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
+                    try:
+                        with sync:
+                            t0 = time.perf_counter()
+                            if plan.storage == "plain":  # compress_saved ends a period itself
+                                stores.new_step(None)  # a period of the store per micro-batch
+                            with blocks_mod.running(state), self._context(plan.storage):
+                                loss, weight = self._loss(mb.take(batch, size, start, stop))
+                            weighted = weight is not None
+                            t1 = time.perf_counter()
+                            if weighted:
+                                if stash is None:  # set aside what .grad held before the step
+                                    stash = {p: p.grad for p in params}
                                     for p in params:
-                                        if p.grad is not None:
-                                            p.grad.mul_(before / weights)
-                            scale = weight / weights if weights > 0 else 0.0
-                        else:
-                            weight = (stop - start) / size
-                            weights += weight
-                            scale = weight
-                        scaled = loss * scale
-                        if self.scaler is not None:
-                            scaled = self.scaler.scale(scaled)
-                        scaled.backward()
-                        forward += t1 - t0
-                        backward += time.perf_counter() - t1
-                    part = loss.detach() * scale
-                    total = part if total is None else total * (1 - scale) + part \
-                        if weighted else total + part
-                    done += 1
-                    del loss, scaled
-                except BaseException as exc:
-                    if stash is not None:
-                        _restore(stash)
-                    if hasattr(exc, "add_note"):
-                        exc.add_note(
-                            f"actcodec.torch.Step: raised in micro-batch {j + 1} of "
-                            f"{len(ranges)}; {done} micro-batch(es) ({start} of {size} "
-                            f"samples) were already accumulated into .grad")
-                    raise
+                                        p.grad = None
+                                before, weights = weights, weights + weight
+                                if before > 0 and weights > 0:
+                                    with torch.no_grad():
+                                        for p in params:
+                                            if p.grad is not None:
+                                                p.grad.mul_(before / weights)
+                                scale = weight / weights if weights > 0 else 0.0
+                            else:
+                                weight = (stop - start) / size
+                                weights += weight
+                                scale = weight
+                            scaled = loss * scale
+                            if self.scaler is not None:
+                                scaled = self.scaler.scale(scaled)
+                            scaled.backward()
+                            forward += t1 - t0
+                            backward += time.perf_counter() - t1
+                        part = loss.detach() * scale
+                        total = part if total is None else total * (1 - scale) + part \
+                            if weighted else total + part
+                        done += 1
+                        del loss, scaled
+                    except BaseException as exc:
+                        if stash is not None:
+                            _restore(stash)
+                        if hasattr(exc, "add_note"):
+                            exc.add_note(
+                                f"actcodec.torch.Step: raised in micro-batch {j + 1} of "
+                                f"{len(ranges)}; {done} micro-batch(es) ({start} of {size} "
+                                f"samples) were already accumulated into .grad")
+                        raise
+        finally:
+            with self._lock:
+                self._in_flight = None
         if stash is not None:
             _restore(stash)
         seconds.update(forward=forward, backward=backward,

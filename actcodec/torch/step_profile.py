@@ -117,8 +117,8 @@ def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
 
 
 def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: bool,
-            spill_dir: str | None, room: float | None = None,
-            paged=None) -> limit_plan.Profile:
+            spill_dir: str | None, room: float | None = None, paged=None,
+            bits: int = 8, budgeted=None) -> limit_plan.Profile:
     """The step's profile for a batch of `batch` samples: probes of k samples and of 2k
     (where they fit in `room` bytes above the floor), each twice and the second counted (the
     first warms lazy state up and lays memory out first fit), buffers restored after. k is 1
@@ -146,6 +146,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             for size in sorted({k, two.samples}):
                 probe(run_loss, params, size, storage=paged)
                 bare.append(probe(run_loss, params, size, storage=paged))
+        timed = {}  # storages whose cost a probe measures: beside the codec, their bookkeeping
+        if paged is not None:
+            timed["paged"] = bare[0].seconds
+        if budgeted is not None:  # a budget of half the full size: it learns and plans
+            budgeted.budget = sum(one.saved.values()) // 2
+            probe(run_loss, params, k, storage=budgeted)
+            timed["budget"] = probe(run_loss, params, k, storage=budgeted).seconds
     finally:
         with torch.no_grad():
             for b, value in buffers:
@@ -177,12 +184,16 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if name == "plain":
             made.append(limit_plan.PLAIN)
             continue
-        bits, group = LOSSY.get(name, (None, None))
-        ratio = 0.0 if name == "paged" else storage_ratio(two, bits, group)
+        # a budget's fewest bytes: every save at its fewest bits (`bits`)
+        codec = f"{bits}bit" if name == "budget" else name
+        k_bits, group = LOSSY.get(codec, (None, None))
+        ratio = 0.0 if name == "paged" else storage_ratio(two, k_bits, group)
         if name == "lossless" and ratio > 0.97:
             continue  # nothing sparse enough to gain from
-        made.append(limit_plan.Storage(name, ratio, codec_seconds_per_byte(name, spill_dir),
-                                       exact=name not in LOSSY))
+        seconds = codec_seconds_per_byte(codec, spill_dir)
+        if name in timed and sum(one.saved.values()):
+            seconds = max(seconds, (timed[name] - one.seconds) / sum(one.saved.values()))
+        made.append(limit_plan.Storage(name, ratio, seconds, exact=codec not in LOSSY))
     effect = 1.0
     if found:
         cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
