@@ -11,8 +11,10 @@ adds at most `limit - floor`. The first step profiles the model in small probes
 (actcodec.torch.step_profile), then a pure solver (actcodec.torch.limit_plan) picks the
 fastest plan that fits: micro-batches (gradient accumulation), recomputation of repeated
 blocks (actcodec.torch.blocks), how what the step holds is stored (as it is, lossless,
-paged to disk, or at `bits` or more where that is allowed and pays). Each step's measured
-peak corrects the model for the next (it only ever grows more careful).
+paged to disk, or, where lossy saves are allowed and pay, under a saved-bytes budget that
+gives each save its bits by importance, none below `bits`). Each step's measured peak
+corrects the model for the next (it only ever grows more careful). A limit lowered while a
+budget step runs lowers its budget at once.
 
 Exact plans are preferred; with exact=True nothing lossy is used. Micro-batches are exact
 where no batch-norm layer trains (unless ghost_batchnorm=True), up to float summation order;
