@@ -118,16 +118,32 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
                             b.reshape(-1).view(TINT[b.element_size()])))
 
 
+# Where a GPU is present every comparison also runs the device path on it.
+GPU = torch.device("cuda") if torch.cuda.is_available() else None
+
+
 def encode_both(t, codec, kw):
     """(C encoding, device encoding), or the NonFiniteError index both raised."""
     try:
         c = actcodec.encode(t, codec, **kw)
     except actcodec.NonFiniteError as exc:
-        with pytest.raises(actcodec.NonFiniteError) as got:
-            device.encode(t, codec, **kw)
-        assert got.value.index == exc.index
+        for where in (t, t.to(GPU)) if GPU else (t,):
+            with pytest.raises(actcodec.NonFiniteError) as got:
+                device.encode(where, codec, **kw)
+            assert got.value.index == exc.index
         return None, None
+    if GPU:
+        assert_same_on_gpu(c, t, codec, kw)
     return c, device.encode(t, codec, **kw)
+
+
+def assert_same_on_gpu(c: container.Encoded, t: torch.Tensor, codec, kw):
+    """The device path on the GPU: the C path's bytes, and its decoded bits on the GPU."""
+    g = device.encode(t.to(GPU), codec, **kw)
+    assert all(b.device.type == GPU.type for b in g.buffers)
+    assert g.to("cpu").to_bytes() == c.to_bytes()
+    for dtype in decode_targets(c):
+        assert same_bits(bridge.decode(g, dtype=dtype).cpu(), bridge.decode(c, dtype=dtype))
 
 
 def assert_same_encoding(c: container.Encoded, d: container.Encoded, t: torch.Tensor):

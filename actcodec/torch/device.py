@@ -66,7 +66,7 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
     n, es = flat.numel(), flat.element_size()
     survey = None
     if codec != "raw":
-        survey = _survey(flat, name)
+        survey = _survey(flat, name, nonfinite)
     if codec == "auto":
         if name == "bool":
             codec = "mask"
@@ -118,25 +118,46 @@ def _flat_bits(t) -> tuple[torch.Tensor, str]:
     return flat.view(_INT[flat.element_size()]), NAMES[t.dtype]
 
 
-def _survey(flat: torch.Tensor, name: str) -> dict:
-    """Everything the choice and the codecs need from the host, in one read: the nonzero
-    count, whether the nonzero elements are one value, and (floats) how many elements are
-    non-finite for quantization and whether any is large enough for a group range to
-    overflow."""
-    nz = flat != 0
-    nnz = nz.sum()
-    first = flat[_first_nonzero(nz)] if flat.numel() else flat.new_zeros(())
-    one = ((flat == first) | ~nz).all() & (nnz > 0)
-    counts = [nnz, one]
+def _survey(flat: torch.Tensor, name: str, nonfinite: str = "raise") -> dict:
+    """Everything the choice and the codecs need from the host, in one read, from a few
+    reductions rather than elementwise masks: the nonzero count, whether the nonzero elements
+    are one bit pattern, and (floats) whether quantization must look for bad groups: some
+    element is non-finite, or large enough for a group's range to overflow. Under
+    nonfinite="keep" it counts the non-finite elements instead."""
+    if flat.numel() == 0:
+        return {"nnz": 0, "one_value": False, "bad": 0, "huge": False}
+    nnz = torch.count_nonzero(flat)
+    counts = [nnz, _one_value(flat, nnz)]
     if name != "bool":
-        bad = _nonfinite_mask(flat, name)
-        huge = (flat.view(TORCH_DTYPES[name]).abs() >= _HUGE) & ~bad
-        counts += [bad.sum(), huge.any()]
+        if nonfinite == "keep":
+            bad = _nonfinite_mask(flat, name)
+            huge = (flat.view(TORCH_DTYPES[name]).abs() >= _HUGE) & ~bad
+            counts += [bad.sum(), huge.any()]
+        else:
+            # NaN propagates through min and max, so the extremes see every bad element.
+            lo, hi = torch.aminmax(flat.view(TORCH_DTYPES[name]))
+            mag = torch.maximum(lo.abs(), hi.abs()).to(torch.float64)
+            limit = F32_MAX if name == "float64" else float("inf")
+            bad = ~(mag < limit) | mag.isnan()
+            counts += [bad, ~(mag < _HUGE)]
     got = torch.stack([c.to(torch.int64) for c in counts]).tolist()
     out = {"nnz": got[0], "one_value": bool(got[1])}
     if name != "bool":
         out.update(bad=got[2], huge=bool(got[3]))
     return out
+
+
+def _one_value(flat: torch.Tensor, nnz: torch.Tensor) -> torch.Tensor:
+    """Whether the nonzero bit patterns are all one (a device bool). With the extremes of the
+    patterns: either they are equal, or one of them is zero and the other times the count of
+    nonzero elements is their sum (every other term lies between zero and it)."""
+    if flat.element_size() > 4:  # the sum of 64-bit patterns could overflow
+        first = flat[_first_nonzero(flat != 0)]
+        return ((flat == first) | (flat == 0)).all() & (nnz > 0)
+    lo, hi = (v.to(torch.int64) for v in torch.aminmax(flat))
+    total = flat.sum(dtype=torch.int64)
+    return (nnz > 0) & ((lo == hi) | ((lo == 0) & (total == nnz * hi))
+                        | ((hi == 0) & (total == nnz * lo)))
 
 
 def _first_nonzero(nz: torch.Tensor) -> torch.Tensor:
@@ -153,23 +174,21 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _compact(flat: torch.Tensor, keep: torch.Tensor, count: int) -> torch.Tensor:
     """flat[keep] with the count known: no host sync (boolean indexing would need one)."""
-    out = torch.empty(count + 1, dtype=flat.dtype, device=flat.device)
-    pos = torch.cumsum(keep, 0) - 1
-    out.scatter_(0, torch.where(keep, pos, count), flat)  # the rest land in a spare slot
-    return out[:count]
+    return flat[torch.nonzero_static(keep, size=count).view(-1)]
 
 
 def _packbits(mask: torch.Tensor) -> torch.Tensor:
     """np.packbits(mask, bitorder="little") on the mask's device."""
     n = mask.numel()
     nb = (n + 7) // 8
-    padded = torch.zeros(nb * 8, dtype=torch.uint8, device=mask.device)
-    padded[:n] = mask.reshape(-1)
-    rows = padded.view(nb, 8)
-    out = rows[:, 0].clone()
-    for i in range(1, 8):
-        out |= rows[:, i] << i
-    return out
+    if n % 8:
+        padded = torch.zeros(nb * 8, dtype=torch.uint8, device=mask.device)
+        padded[:n] = mask.reshape(-1)
+    else:
+        padded = mask.reshape(-1).view(torch.uint8)
+    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
+    # distinct powers of two: their sum is their OR and fits a byte
+    return (padded.view(nb, 8) << shifts).sum(1, dtype=torch.uint8)
 
 
 def _unpackbits(bitmap: torch.Tensor, n: int) -> torch.Tensor:
@@ -231,17 +250,34 @@ def _quant_codes(x: torch.Tensor, p: dict, check: bool):
         if bool(bad.any()):
             raise NonFiniteError(_first_bad_index(x, int(bad.nonzero()[0]), G))
     inv = torch.where(scale > 0, torch.ones_like(scale) / scale, torch.zeros_like(scale))
-    divide = torch.isinf(inv)  # 1/scale overflows: such groups divide by scale instead
+    # Where 1/scale overflows, a group divides by its scale instead. Each group either
+    # divides by its scale and multiplies by one, or divides by one and multiplies by its
+    # inverse: both of the extra operations are exact, so no per-element select is needed.
+    divide = torch.isinf(inv)
+    one = torch.ones_like(scale)
+    divisor, factor = torch.where(divide, scale, one), torch.where(divide, one, inv)
     stochastic = p["rounding"] == "stochastic"
-    step = _chunk(dev)
-    for c0 in range(0, n, step):
-        c1 = min(n, c0 + step)
-        g = torch.arange(c0, c1, device=dev) // G
-        d = x[c0:c1].to(torch.float32) - mn[g]
-        t = torch.where(divide[g], d / scale[g], d * inv[g])
-        t = torch.floor(t + _uniform(p["seed"], c0, c1, dev)) if stochastic else torch.round(t)
-        codes[c0:c1] = t.clamp_max_(levels)  # exact small integers: the cast is exact
+    for c0, c1, g0, g1 in _spans(n, G, _chunk(dev)):
+        rows = x[c0:c1].view(g1 - g0, -1).to(torch.float32)
+        t = (rows - mn[g0:g1, None]) / divisor[g0:g1, None] * factor[g0:g1, None]
+        if stochastic:
+            t = torch.floor(t + _uniform_span(p["seed"], c0, c1, dev).view_as(t))
+        else:
+            t = torch.round(t)
+        codes[c0:c1] = t.clamp_max_(levels).view(-1)  # exact small integers: an exact cast
     return codes, mn, scale
+
+
+def _spans(n: int, G: int, step: int):
+    """(first element, end element, first group, end group) of consecutive runs of whole
+    groups of about `step` elements, the short last group in a run of its own."""
+    full = n // G
+    per = max(1, step // G)
+    for g0 in range(0, full, per):
+        g1 = min(full, g0 + per)
+        yield g0 * G, g1 * G, g0, g1
+    if n % G:
+        yield full * G, n, full, full + 1
 
 
 def _group_extrema(x: torch.Tensor, G: int):
@@ -251,13 +287,13 @@ def _group_extrema(x: torch.Tensor, G: int):
     full = n // G
     los, his = [], []
     if full:
-        rows = x[:full * G].view(full, G)
-        los.append(rows.amin(1))
-        his.append(rows.amax(1))
+        lo, hi = torch.aminmax(x[:full * G].view(full, G), dim=1)
+        los.append(lo)
+        his.append(hi)
     if n % G:
-        tail = x[full * G:]
-        los.append(tail.amin().view(1))
-        his.append(tail.amax().view(1))
+        lo, hi = torch.aminmax(x[full * G:])
+        los.append(lo.view(1))
+        his.append(hi.view(1))
     return torch.cat(los).to(torch.float32), torch.cat(his).to(torch.float32)
 
 
@@ -302,6 +338,16 @@ def _uniform(seed: int, c0: int, c1: int, device) -> torch.Tensor:
     lo = torch.arange(c0 & _M32, (c0 & _M32) + (c1 - c0), dtype=torch.int64, device=device)
     bits = _mix32(_mul32(lo, HASH_GOLDEN) ^ key) >> 8
     return bits.to(torch.float32) * U24_SCALE  # 24-bit integers times 2^-24: exact
+
+
+def _uniform_span(seed: int, c0: int, c1: int, device) -> torch.Tensor:
+    """ac_uniform(seed, i) for i in [c0, c1), split where the hash key changes."""
+    parts, a = [], c0
+    while a < c1:
+        b = min(c1, ((a >> 32) + 1) << 32)
+        parts.append(_uniform(seed, a, b, device))
+        a = b
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -365,9 +411,8 @@ def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
     if nnz == 0:
         flat_out.zero_()
         return
-    pos = (torch.cumsum(mask, 0) - 1).clamp_(min=0)  # a gather: no host sync
-    flat_out.copy_(torch.where(mask, values[pos], torch.zeros((), dtype=values.dtype,
-                                                              device=values.device)))
+    flat_out.zero_()
+    flat_out[torch.nonzero_static(mask, size=nnz).view(-1)] = values  # no host sync
 
 
 def _check_buffers(enc: container.Encoded) -> tuple:
@@ -418,12 +463,10 @@ def _dequantize(bufs, n: int, name: str, out_name: str, p: dict) -> torch.Tensor
         codes = _unpack(packed, n, bits)
         mn, sc = _view(mins, torch.float32), _view(scales, torch.float32)
         G = _group_size(n, p["group_size"])
-        step = _chunk(dev)
-        for c0 in range(0, n, step):
-            c1 = min(n, c0 + step)
-            g = torch.arange(c0, c1, device=dev) // G
+        for c0, c1, g0, g1 in _spans(n, G, _chunk(dev)):
+            rows = codes[c0:c1].view(g1 - g0, -1).to(torch.float32)
             # mins + code * scale: a multiply, then an add, both rounded to float32
-            out[c0:c1] = mn[g] + codes[c0:c1].to(torch.float32) * sc[g]
+            out[c0:c1] = (rows * sc[g0:g1, None] + mn[g0:g1, None]).view(-1)
     if len(bufs) == 5:
         es, oes = _dtypes.itemsize(name), _dtypes.itemsize(out_name)
         if bufs[3].numel() % 8 or bufs[4].numel() != bufs[3].numel() // 8 * es:
