@@ -64,3 +64,20 @@ def test_a_build_says_what_it_does(tmp_path):
     assert r.stdout.split() == ["True"]
     assert r.stderr.count("actcodec: compiling its torch allocator") == 1
     assert str(tmp_path) in r.stderr and "allocator built in" in r.stderr
+
+
+def test_a_model_off_the_host_installs_nothing(tmp_path):
+    """A model whose parameters all live on another device keeps its activations there: the
+    host allocator would only cost its build."""
+    r = run("import torch.utils.cpp_extension as ext\n"
+            "class Fake:\n"
+            "    def install(self, *a): self.on = True\n"
+            "    def installed(self): return getattr(self, 'on', False)\n"
+            "ext.load = lambda **kw: Fake()\n"
+            "with act.compress_saved(model=torch.nn.Linear(4, 4, device='meta')): pass\n"
+            "off_host = act.allocator.installed()\n"
+            "with act.compress_saved(model=torch.nn.Linear(4, 4)): pass\n"
+            "print(off_host, act.allocator.installed())",
+            env={"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert r.stdout.split() == ["False", "True"]
+    assert r.stderr.count("actcodec: compiling its torch allocator") == 1

@@ -47,7 +47,8 @@ class compress_saved:
     allocator: on first use, install actcodec's torch allocator (actcodec.torch.allocator) for
     the process, so that the activations a step frees leave no holes in the heap and the
     process's peak falls with what is saved; False keeps torch's allocator. With `store=None`
-    (payloads from numpy's heap) nothing is installed."""
+    (payloads from numpy's heap), or a `model` with no parameter in host memory (its
+    activations live on its device), nothing is installed."""
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
                  store=save.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
@@ -66,6 +67,7 @@ class compress_saved:
             self.limit = budgets.Budget(self.stats, budget, spill_dir, min_bits)
         self._names = ({id(m): n or type(m).__name__ for n, m in model.named_modules()}
                        if model is not None else {})
+        self._model = model
         self.session: save.SaveSession | None = None  # the step's, while inside
         self._handles: list = []
         self._hooks = None
@@ -84,7 +86,7 @@ class compress_saved:
             self.limit.set(value)
 
     def __enter__(self):
-        if self.allocator:
+        if self.allocator and _in_host_memory(self._model):
             allocators.ensure()
         limit = save.begin_step(self.stats, self.limit)
         save.stores.new_step(self.store)  # what the steps before no longer need goes back
@@ -108,6 +110,15 @@ class compress_saved:
         finally:
             self.session.__exit__(*exc)
             self.session = None
+
+
+def _in_host_memory(model) -> bool:
+    """Whether a step of `model` makes host allocations worth the allocator: no model given,
+    or one with a parameter (or no parameter at all) on the CPU."""
+    if model is None:
+        return True
+    devices = {p.device.type for p in model.parameters()}
+    return not devices or "cpu" in devices
 
 
 class record:
