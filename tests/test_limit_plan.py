@@ -54,7 +54,7 @@ def measurements(draw, profile):
                                       max_size=len(profile.blocks)))))
         s = draw(st.sampled_from(profile.storages)).name
         peaks[lp.memory_key(profile, m, r, s)] = draw(st.floats(0, 4e7))
-    return lp.Measured(peaks, draw(st.floats(0, 1)), draw(st.floats(0, 1e6)))
+    return lp.Measured(peaks, draw(st.floats(0, 1)), draw(st.floats(0, 2)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -122,3 +122,17 @@ def test_many_kinds_of_blocks_fall_back_to_an_order():
     blocks = tuple(lp.Block(1e5 * (i + 1), 1e3, 1e-3) for i in range(16))
     sets = lp.recompute_sets(blocks)
     assert len(sets) == 17 and sets[0] == () and len(sets[-1]) == 16
+
+
+def test_measurements_calibrate_the_caution():
+    """Before any step the caller's caution; after, the worst measured/model ratio less one,
+    plus the margin; a plan run is judged by its own largest peak."""
+    m = lp.Measured(caution=0.25)
+    assert m.peak(("a",), 100.0) == pytest.approx(125.0)
+    m = m.learn(("a",), 110.0, 100.0)
+    assert m.caution == pytest.approx(0.10 + lp.CALIBRATED_MARGIN)
+    assert m.peak(("a",), 100.0) == 110.0 and m.peak(("b",), 100.0) == pytest.approx(115.0)
+    m = m.learn(("b",), 80.0, 100.0).learn(("a",), 90.0, 100.0)  # a kinder model: the worst stays
+    assert m.caution == pytest.approx(0.10 + lp.CALIBRATED_MARGIN)
+    assert m.peaks == {("a",): 110.0, ("b",): 80.0}
+    assert lp.Measured().learn(("a",), 50.0, 100.0).caution == lp.CALIBRATED_MARGIN

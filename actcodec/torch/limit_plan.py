@@ -24,8 +24,9 @@ step more than `LOSSY_GAIN` faster than the best exact plan, or where no exact p
 
 Measurement corrects the model (Sage, Melon): a plan already run is judged by the largest
 peak measured for it, or for a plan that holds the same bytes (`measured`, keyed by
-`memory_key`); any other by the model's peak times (1 + caution), plus `bias`, the most the
-model has fallen short on a plan run so far.
+`memory_key`); any other by the model's peak times (1 + caution), where the caution, a
+guess before any step, is then the worst ratio of measured to modelled peak seen (less one)
+plus a margin.
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ from dataclasses import asdict, dataclass, field
 
 LOSSY_GAIN = 1.10  # a lossy plan must be this many times faster than the best exact one
 MAX_COMBINATIONS = 4096  # sets of recomputed blocks tried exhaustively; beyond, in order
+# Once plans have run, one not yet run is trusted to the model's peak times the worst ratio
+# of measured to model seen, plus this share (a new plan's first step, a noisy peak).
+CALIBRATED_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -131,18 +135,27 @@ def held_bytes(profile: Profile, recompute) -> float:
 
 @dataclass(frozen=True)
 class Measured:
-    """What steps run so far say: the largest peak measured per plan key, how much to distrust
-    the model on a plan not yet run (`caution`, a share of its peak) and the most the model
-    fell short so far (`bias`, bytes)."""
+    """What steps run so far say: the largest peak measured per plan key, and how much to
+    distrust the model on a plan not yet run (`caution`, a share of its peak). Before any
+    plan has run the caution is the caller's guess; after, it is calibrated by `learn`: the
+    largest ratio of measured to modelled peak so far (`worst`), less one, plus
+    CALIBRATED_MARGIN."""
 
     peaks: dict = field(default_factory=dict)
     caution: float = 0.0
-    bias: float = 0.0
+    worst: float = 0.0
 
     def peak(self, key: tuple, model: float) -> float:
         if key in self.peaks:
             return self.peaks[key]
-        return model * (1 + self.caution) + self.bias
+        return model * (1 + self.caution)
+
+    def learn(self, key: tuple, measured: float, model: float) -> "Measured":
+        """These measurements with one more: a plan of `key` whose model peak is `model`
+        peaked at `measured`."""
+        peaks = {**self.peaks, key: max(measured, self.peaks.get(key, 0))}
+        worst = max(self.worst, measured / model)
+        return Measured(peaks, max(0.0, worst - 1) + CALIBRATED_MARGIN, worst)
 
 
 NOTHING = Measured()
@@ -192,7 +205,7 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
     micro-batches shrink, so a bisection finds where it starts to fit; a measured plan may fit
     where the model says not, or the reverse, so those are checked one by one."""
     counts = _counts(profile.batch) if profile.split else [1]
-    model = Measured(caution=measured.caution, bias=measured.bias)
+    model = Measured(caution=measured.caution)
 
     def fits(m, by=measured):
         return predict(profile, m, recompute, storage, by).peak <= available

@@ -41,10 +41,10 @@ from .policy import Policy
 MiB = 1 << 20
 # What the plan leaves free of the room above the floor: a share for what no measurement
 # covers (a noisy peak, the heap's drift) plus a constant for small buffers.
-SAFETY, SAFETY_BYTES = 0.05, 16 * MiB
-# A plan not yet run is trusted to the model's peak times 1 + CAUTION: a step on a new plan
-# lays out its memory first fit (the store learns lifetimes from the step before), and the
-# probes are small.
+SAFETY, SAFETY_BYTES = 0.02, 16 * MiB
+# Before any step has run, a plan is trusted to the model's peak times 1 + CAUTION: the
+# probes are small, and a step on a new plan lays out its memory first fit (the store learns
+# lifetimes from the step before). Steps run then calibrate it (limit_plan.Measured.learn).
 CAUTION = 0.25
 LOSSY_BITS = (8, 4, 2)
 UNBOUNDED = 1 << 60  # a budget that holds everything (then every save stays exact)
@@ -343,18 +343,17 @@ class Step:
         return total
 
     def _learn(self, plan, measured: int, size: int) -> None:
-        """The measured peak judges this plan from now on (its largest), and a model that
-        fell short makes plans not yet run more careful (the largest shortfall so far)."""
+        """The measured peak judges this plan from now on (its largest), and calibrates how
+        far plans not yet run trust the model (see limit_plan.Measured)."""
         if self.frozen or self.profile is None or plan.peak <= 0:
             return
         profile = dataclasses.replace(self.profile, batch=size)
         key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage)
         storage = next(s for s in profile.storages if s.name == plan.storage)
         model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage).peak
-        m = self._measured
-        self._measured = limit_plan.Measured(
-            {**m.peaks, key: max(measured, m.peaks.get(key, 0))}, m.caution,
-            max(m.bias, measured - model * (1 + m.caution)))
+        if model <= 0:
+            return
+        self._measured = self._measured.learn(key, measured, model)
 
     def describe(self) -> str:
         """The current plan in words."""

@@ -138,6 +138,12 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if batch >= 2 * k and (room is None or 2 * one.peak <= room):
             probe(run_loss, params, 2 * k)  # the second of each size: the store has learned
             two = probe(run_loss, params, 2 * k)
+        elif batch >= 2 * k and k // 2 >= least:
+            # 2k samples would not fit: k/2 and k instead (one size alone would count what
+            # does not grow with the batch as growing, and the fixed part as nothing)
+            k //= 2
+            probe(run_loss, params, k)
+            one = probe(run_loss, params, k)
         if every:  # every block recomputed: how much of a cut in what is held the peak sees
             probe(run_loss, params, k, every)
             lean = probe(run_loss, params, k, every)

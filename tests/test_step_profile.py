@@ -1,0 +1,39 @@
+"""The limit's profile (actcodec.torch.step_profile.measure) from synthetic probes: what it
+makes of the probes' peaks, whatever room the limit leaves for them."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from actcodec.torch import step_profile  # noqa: E402
+
+MiB = 1 << 20
+FIXED, PER_SAMPLE, SAVED = 40 * MiB, 10 * MiB, 6 * MiB
+
+
+def fake_probe(sizes):
+    """A probe whose peak is FIXED + PER_SAMPLE a sample, saving SAVED a sample."""
+    def probe(run_loss, params, samples, recompute=(), storage=None):
+        sizes.append(samples)
+        out = step_profile.Probe(samples, recompute)
+        out.peak = FIXED + PER_SAMPLE * samples
+        out.saved = {None: SAVED * samples}
+        out.seconds = 0.01 * samples
+        return out
+    return probe
+
+
+@pytest.mark.parametrize("room", [None, 1e12, FIXED + PER_SAMPLE * 12])
+def test_a_tight_room_probes_smaller_sizes_and_finds_the_same_profile(monkeypatch, room):
+    """With batch norm (k = an eighth of the batch, at least 2) two probe sizes are needed to
+    tell the fixed part from what grows; where 2k samples would not fit, k/2 and k."""
+    sizes = []
+    monkeypatch.setattr(step_profile, "probe", fake_probe(sizes))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    profile = step_profile.measure(lambda n: None, model, [], 64, ("plain",), split=False,
+                                   spill_dir=None, room=room)
+    assert max(sizes) * PER_SAMPLE + FIXED <= (room or float("inf"))
+    assert len(set(sizes)) == 2
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert profile.fixed == pytest.approx(FIXED + grads)
+    assert profile.rest == pytest.approx(SAVED)
+    assert profile.work == pytest.approx(PER_SAMPLE - SAVED)
