@@ -126,16 +126,50 @@ def heap() -> dict | None:
             "mmapped": m.hblkhd}
 
 
+class _Trimmed:
+    """Resident bytes trim_heap gave back, for the process (the heap is the process's): glibc
+    still counts them as free heap, though no page of them is resident until reused."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.nbytes = 0
+
+
+_TRIMMED = _Trimmed()
+
+
+def _malloc_trim():
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def trim_heap() -> int:
+    """Give the heap's free pages back to the system (glibc's malloc_trim; nothing
+    elsewhere); returns the resident bytes given back. held_free() leaves them out."""
+    if _MALLOC_TRIM is None:
+        return 0
+    with _TRIMMED.lock:
+        before = rss()
+        _MALLOC_TRIM(0)
+        gone = max(0, before - rss())
+        _TRIMMED.nbytes += gone
+    return gone
+
+
 def held_free() -> int:
     """Bytes the allocators hold but nothing uses: glibc's free heap chunks (0 elsewhere), less
-    what the heap gave back when actcodec's allocator was installed (free, not resident), and
-    the actcodec store's mapped pages outside live blocks. Some of them may still not be
-    resident, so RSS less these underestimates live bytes, and RSS / live errs high."""
+    what trim_heap gave back (free, not resident), and the actcodec store's mapped pages
+    outside live blocks. Some of them may still not be resident, so RSS less these
+    underestimates live bytes, and RSS / live errs high."""
     h = heap()
-    free = h["heap_free"] if h is not None else 0
-    allocator = sys.modules.get("actcodec.torch.allocator")
-    if allocator is not None:
-        free = max(0, free - allocator.trimmed_bytes())
+    free = max(0, h["heap_free"] - _TRIMMED.nbytes) if h is not None else 0
     from . import store
 
     for made in store.made():

@@ -1,4 +1,5 @@
 """The memory limit's solver against brute force on small cases, and its preferences."""
+import dataclasses
 import itertools
 import math
 
@@ -8,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from actcodec.torch import limit_plan as lp
 
 STORAGES = (lp.PLAIN, lp.Storage("lossless", 0.8, 2e-10, True),
-            lp.Storage("paged", 0.0, 2e-9, True), lp.Storage("8bit", 0.28, 1e-9, False),
+            lp.Storage("paged", 0.0, 2e-9, True), lp.Storage("8bit", 0.28, 1e-9, False, extra=2e5),
             lp.Storage("4bit", 0.16, 1e-9, False))
 
 
@@ -131,8 +132,25 @@ def test_measurements_calibrate_the_caution():
     assert m.peak(("a",), 100.0) == pytest.approx(125.0)
     m = m.learn(("a",), 110.0, 100.0)
     assert m.caution == pytest.approx(0.10 + lp.CALIBRATED_MARGIN)
-    assert m.peak(("a",), 100.0) == 110.0 and m.peak(("b",), 100.0) == pytest.approx(115.0)
+    assert m.peak(("a",), 100.0) == 110.0
+    assert m.peak(("b",), 100.0) == pytest.approx(100 * (1.10 + lp.CALIBRATED_MARGIN))
     m = m.learn(("b",), 80.0, 100.0).learn(("a",), 90.0, 100.0)  # a kinder model: the worst stays
     assert m.caution == pytest.approx(0.10 + lp.CALIBRATED_MARGIN)
     assert m.peaks == {("a",): 110.0, ("b",): 80.0}
     assert lp.Measured().learn(("a",), 50.0, 100.0).caution == lp.CALIBRATED_MARGIN
+
+
+def test_a_storages_own_work_adds_to_each_sample():
+    """`extra` (measured by the budget probe) raises the peak by that much per sample of a
+    micro-batch, and can make a storage the model would pick lose to another."""
+    block = lp.Block(saved=4e5, inputs=1e4, forward=1e-3)
+    base = lp.Storage("8bit", 0.25, 1e-10, False)
+    profile = lp.Profile(batch=8, fixed=1e6, work=1e5, rest=1e5, blocks=(block,) * 3,
+                         seconds=1e-2, per_micro_batch=0.0, storages=(lp.PLAIN, base),
+                         split=False, effect=1.0, least=0.0)
+    heavy = lp.Storage("8bit", 0.25, 1e-10, False, extra=5e5)
+    a, b = (lp.predict(profile, 1, (), s).peak for s in (base, heavy))
+    assert b - a == pytest.approx(8 * 5e5)
+    assert lp.solve(profile, a, exact=False).storage == "8bit"
+    assert lp.solve(dataclasses.replace(profile, storages=(lp.PLAIN, heavy)), a) is None or \
+        lp.solve(dataclasses.replace(profile, storages=(lp.PLAIN, heavy)), a).storage != "8bit"

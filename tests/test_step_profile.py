@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 from actcodec.torch import step_profile  # noqa: E402
 
 MiB = 1 << 20
-FIXED, PER_SAMPLE, SAVED = 40 * MiB, 10 * MiB, 6 * MiB
+FIXED, PER_SAMPLE, SAVED, EXTRA = 40 * MiB, 10 * MiB, 6 * MiB, 3 * MiB
 
 
 def fake_probe(sizes):
@@ -16,6 +16,8 @@ def fake_probe(sizes):
         sizes.append(samples)
         out = step_profile.Probe(samples, recompute)
         out.peak = FIXED + PER_SAMPLE * samples
+        if storage is not None:  # the budget: half the saves held, and its own EXTRA a sample
+            out.peak += (EXTRA - SAVED / 2) * samples
         out.saved = {None: SAVED * samples}
         out.seconds = 0.01 * samples
         return out
@@ -37,3 +39,22 @@ def test_a_tight_room_probes_smaller_sizes_and_finds_the_same_profile(monkeypatc
     assert profile.fixed == pytest.approx(FIXED + grads)
     assert profile.rest == pytest.approx(SAVED)
     assert profile.work == pytest.approx(PER_SAMPLE - SAVED)
+
+
+class Budgeted:
+    budget = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_the_budget_probe_measures_the_budgets_own_work(monkeypatch):
+    monkeypatch.setattr(step_profile, "probe", fake_probe([]))
+    model = torch.nn.Linear(4, 4)
+    profile = step_profile.measure(lambda n: None, model, [], 16, ("plain", "budget"),
+                                   split=True, spill_dir=None, budgeted=Budgeted())
+    budget = next(s for s in profile.storages if s.name == "budget")
+    assert budget.extra == pytest.approx(EXTRA)

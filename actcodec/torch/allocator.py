@@ -28,14 +28,13 @@ import threading
 import time
 import warnings
 
-from .. import _ext
+from .. import _ext, resident
 from .. import store as stores
 
 THRESHOLD = 1 << 20
 _LOCK = threading.Lock()
 _MODULE: list = []  # the built module, once loaded (one per process)
 _UNAVAILABLE: list = []  # why it could not be built, once that was found
-_TRIMMED: list = []  # resident bytes the heap gave back at the install
 
 
 def _build():
@@ -103,39 +102,10 @@ def install(threshold: int = THRESHOLD, store=None) -> None:
         first = not module.installed()
         module.install(store.address, alloc, release, threshold)
     if first:
-        _trim_heap()
-
-
-def _trim_heap() -> None:
-    """Give back what the heap holds free (glibc's malloc_trim): tensors freed before the
-    install, a plain forward's say, would otherwise keep their pages resident in the heap for
-    the life of the process, now that large tensors come from the store. What it gave back
-    stays counted as free by glibc (see trimmed_bytes)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to trim this way
-        return
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    before = _resident()
-    trim(0)
-    _TRIMMED.append(max(0, before - _resident()))
-
-
-def trimmed_bytes() -> int:
-    """Resident bytes the heap gave back when the allocator was installed: glibc still counts
-    them as free heap, though no page of them is resident until reused."""
-    return sum(_TRIMMED)
-
-
-def _resident() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+        # tensors freed before the install (a plain forward's, say) would otherwise keep their
+        # pages resident in the heap for the life of the process, now that large tensors come
+        # from the store
+        resident.trim_heap()
 
 
 def uninstall() -> None:

@@ -38,7 +38,7 @@ LOSSY_GAIN = 1.10  # a lossy plan must be this many times faster than the best e
 MAX_COMBINATIONS = 4096  # sets of recomputed blocks tried exhaustively; beyond, in order
 # Once plans have run, one not yet run is trusted to the model's peak times the worst ratio
 # of measured to model seen, plus this share (a new plan's first step, a noisy peak).
-CALIBRATED_MARGIN = 0.05
+CALIBRATED_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,15 @@ class Block:
 @dataclass(frozen=True)
 class Storage:
     """How what a step holds is kept: bytes held in memory per byte saved at full size, the
-    seconds each such byte costs (encode, decode, disk), and whether it is exact."""
+    seconds each such byte costs (encode, decode, disk), whether it is exact, and `extra`,
+    bytes per sample its own work adds to the peak beyond what the cut in held bytes gives
+    back (a probe measures it)."""
 
     name: str
     ratio: float
     seconds_per_byte: float
     exact: bool
+    extra: float = 0.0
 
 
 PLAIN = Storage("plain", 1.0, 0.0, True)
@@ -124,7 +127,7 @@ def sample_bytes(profile: Profile, recompute, storage: Storage) -> float:
         else:
             held += block.saved
     cut = plain - (storage.ratio * held + transient)
-    return max(profile.least, profile.work + plain - profile.effect * cut)
+    return max(profile.least, profile.work + plain - profile.effect * cut + storage.extra)
 
 
 def held_bytes(profile: Profile, recompute) -> float:

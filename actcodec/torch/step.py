@@ -163,6 +163,7 @@ class Step:
             limit, lowered, self._lowered = self._limit, self._lowered, False
         if limit is not None:
             self._check_device()
+            _give_back_free(limit)
         seconds = {}
         with resident.Peak() as before:  # the probes' peak: the limit holds for them too
             floor = step_profile.floor()
@@ -367,6 +368,17 @@ class Step:
             " (ghost batch norm: statistics per micro-batch)"
         return (f"{plan.micro_batches} micro-batch(es){split}; {rec}; saves {plan.storage}; "
                 f"predicted peak {plan.peak / MiB:.0f} MiB above the floor")
+
+
+def _give_back_free(limit: int) -> None:
+    """The plan counts on what the allocators hold free being reused, but it is resident:
+    where the process is at the limit before the step starts (pages the store kept from an
+    evaluation's or the user's own tensors since freed), the store's free pages go back to
+    the system first. (The heap is left as it is: with the allocator installed it holds only
+    small tensors, and a trimmed heap would make its free bytes unknowable.)"""
+    if resident.rss() > limit - SAFETY_BYTES:
+        stores.new_step(None)  # twice: the store keeps the pages of the step before one period
+        stores.new_step(None)
 
 
 def _restore(stash: dict) -> None:

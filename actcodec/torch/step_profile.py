@@ -155,10 +155,12 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         timed = {}  # storages whose cost a probe measures: beside the codec, their bookkeeping
         if paged is not None:
             timed["paged"] = bare[0].seconds
+        budget_probe = None
         if budgeted is not None:  # a budget of half the full size: it learns and plans
             budgeted.budget = sum(one.saved.values()) // 2
             probe(run_loss, params, k, storage=budgeted)
-            timed["budget"] = probe(run_loss, params, k, storage=budgeted).seconds
+            budget_probe = probe(run_loss, params, k, storage=budgeted)
+            timed["budget"] = budget_probe.seconds
     finally:
         with torch.no_grad():
             for b, value in buffers:
@@ -185,6 +187,11 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     # t(n) = overhead + n * per sample: two sizes give the overhead a micro-batch adds
     per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
         else 0.0
+    effect = 1.0
+    if found:
+        cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
+        if cut > 0:
+            effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
     made = []
     for name in storages:
         if name == "plain":
@@ -199,12 +206,14 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         seconds = codec_seconds_per_byte(codec, spill_dir)
         if name in timed and sum(one.saved.values()):
             seconds = max(seconds, (timed[name] - one.seconds) / sum(one.saved.values()))
-        made.append(limit_plan.Storage(name, ratio, seconds, exact=codec not in LOSSY))
-    effect = 1.0
-    if found:
-        cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
-        if cut > 0:
-            effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
+        extra = 0.0
+        if name == "budget" and budget_probe is not None:
+            # the model's peak for the probe (half its saves held) against the measured one:
+            # encoding beside the original, decoding beside the gradients
+            expected = one.peak - effect * sum(one.saved.values()) / 2
+            extra = max(0.0, (budget_probe.peak - expected) / k)
+        made.append(limit_plan.Storage(name, ratio, seconds, exact=codec not in LOSSY,
+                                       extra=extra))
     return limit_plan.Profile(batch=batch, fixed=fixed, work=work,
                               rest=saved.get(None, 0.0), blocks=tuple(found),
                               seconds=two.seconds / n, per_micro_batch=per_micro_batch,
