@@ -55,7 +55,8 @@ def measurements(draw, profile):
                                       max_size=len(profile.blocks)))))
         s = draw(st.sampled_from(profile.storages)).name
         peaks[lp.memory_key(profile, m, r, s)] = draw(st.floats(0, 4e7))
-    return lp.Measured(peaks, draw(st.floats(0, 1)), draw(st.floats(0, 2)))
+    worst = {s.name: draw(st.floats(0, 2)) for s in profile.storages if draw(st.booleans())}
+    return lp.Measured(peaks, draw(st.floats(0, 1)), worst)
 
 
 @settings(max_examples=300, deadline=None)
@@ -125,19 +126,20 @@ def test_many_kinds_of_blocks_fall_back_to_an_order():
     assert len(sets) == 17 and sets[0] == () and len(sets[-1]) == 16
 
 
-def test_measurements_calibrate_the_caution():
-    """Before any step the caller's caution; after, the worst measured/model ratio less one,
-    plus the margin; a plan run is judged by its own largest peak."""
+def test_measurements_calibrate_the_caution_per_storage():
+    """Before a storage has run, the caller's caution; after, the worst measured/model ratio
+    with it less one, plus the margin; a plan run is judged by its own largest peak."""
     m = lp.Measured(caution=0.25)
-    assert m.peak(("a",), 100.0) == pytest.approx(125.0)
-    m = m.learn(("a",), 110.0, 100.0)
-    assert m.caution == pytest.approx(0.10 + lp.CALIBRATED_MARGIN)
-    assert m.peak(("a",), 100.0) == 110.0
-    assert m.peak(("b",), 100.0) == pytest.approx(100 * (1.10 + lp.CALIBRATED_MARGIN))
-    m = m.learn(("b",), 80.0, 100.0).learn(("a",), 90.0, 100.0)  # a kinder model: the worst stays
-    assert m.caution == pytest.approx(0.10 + lp.CALIBRATED_MARGIN)
-    assert m.peaks == {("a",): 110.0, ("b",): 80.0}
-    assert lp.Measured().learn(("a",), 50.0, 100.0).caution == lp.CALIBRATED_MARGIN
+    assert m.peak((1, (), "plain"), 100.0) == pytest.approx(125.0)
+    m = m.learn((1, (), "plain"), 110.0, 100.0)
+    assert m.peak((1, (), "plain"), 100.0) == 110.0
+    assert m.peak((2, (), "plain"), 100.0) == pytest.approx(100 * (1.10 + lp.CALIBRATED_MARGIN))
+    assert m.peak((1, (), "lossless"), 100.0) == pytest.approx(125.0)  # not run yet
+    m = m.learn((2, (), "plain"), 80.0, 100.0).learn((1, (), "plain"), 90.0, 100.0)
+    assert m.peak((4, (), "plain"), 100.0) == pytest.approx(100 * (1.10 + lp.CALIBRATED_MARGIN))
+    assert m.peaks == {(1, (), "plain"): 110.0, (2, (), "plain"): 80.0}
+    m = lp.Measured(caution=0.25).learn((1, (), "paged"), 50.0, 100.0)
+    assert m.peak((2, (), "paged"), 100.0) == pytest.approx(100 * (1 + lp.CALIBRATED_MARGIN))
 
 
 def test_a_storages_own_work_adds_to_each_sample():

@@ -138,27 +138,30 @@ def held_bytes(profile: Profile, recompute) -> float:
 
 @dataclass(frozen=True)
 class Measured:
-    """What steps run so far say: the largest peak measured per plan key, and how much to
-    distrust the model on a plan not yet run (`caution`, a share of its peak). Before any
-    plan has run the caution is the caller's guess; after, it is calibrated by `learn`: the
-    largest ratio of measured to modelled peak so far (`worst`), less one, plus
-    CALIBRATED_MARGIN."""
+    """What steps run so far say: the largest peak measured per plan key, and how far to trust
+    the model on a plan not yet run. A storage no step has used yet gets `caution` (a share
+    of the model's peak: the caller's guess); one used gets the worst ratio of measured to
+    modelled peak seen with it (`worst`, per storage name, the last part of a key), less
+    one, plus CALIBRATED_MARGIN. (Per storage: the model errs differently for each, a
+    codec's own work beside the gradients, say.)"""
 
     peaks: dict = field(default_factory=dict)
     caution: float = 0.0
-    worst: float = 0.0
+    worst: dict = field(default_factory=dict)
 
     def peak(self, key: tuple, model: float) -> float:
         if key in self.peaks:
             return self.peaks[key]
+        if key[-1] in self.worst:
+            return model * (1 + max(0.0, self.worst[key[-1]] - 1) + CALIBRATED_MARGIN)
         return model * (1 + self.caution)
 
     def learn(self, key: tuple, measured: float, model: float) -> "Measured":
         """These measurements with one more: a plan of `key` whose model peak is `model`
         peaked at `measured`."""
         peaks = {**self.peaks, key: max(measured, self.peaks.get(key, 0))}
-        worst = max(self.worst, measured / model)
-        return Measured(peaks, max(0.0, worst - 1) + CALIBRATED_MARGIN, worst)
+        worst = {**self.worst, key[-1]: max(self.worst.get(key[-1], 0.0), measured / model)}
+        return Measured(peaks, self.caution, worst)
 
 
 NOTHING = Measured()
@@ -208,7 +211,7 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
     micro-batches shrink, so a bisection finds where it starts to fit; a measured plan may fit
     where the model says not, or the reverse, so those are checked one by one."""
     counts = _counts(profile.batch) if profile.split else [1]
-    model = Measured(caution=measured.caution)
+    model = Measured(caution=measured.caution, worst=measured.worst)
 
     def fits(m, by=measured):
         return predict(profile, m, recompute, storage, by).peak <= available
