@@ -30,8 +30,8 @@ FULL = {"width": 384, "batch_size": 16, "size": 512, "layers": 6, "steps": 10}
 QUICK = {"width": 256, "batch_size": 16, "size": 512, "layers": 2, "steps": 4}
 TOO_SMALL = "1MiB"  # a limit no step fits in: its refusal names the smallest that does
 # The smallest limit tried: what the runs before named, plus room for the next process's
-# floor (it differs from one process to the next by a few MiB)
-ABOVE_NAMED = 1.03
+# floor (it differs from one process to the next by up to about 16 MiB)
+ABOVE_NAMED, ABOVE_NAMED_BYTES = 1.02, 16 * MiB
 
 
 def settings(args) -> dict:
@@ -144,7 +144,7 @@ def parent(s: dict, out: str) -> int:
             results.append(r)
             smallest.append(r.get("smallest") or r.get("needed"))
         named = [x for x in smallest if x]
-        least = int(min(named) * ABOVE_NAMED) if named else None
+        least = int(min(named) * ABOVE_NAMED) + ABOVE_NAMED_BYTES if named else None
         accepted = [r["limit"] for r in results if r.get("limit") and "error" not in r]
         if least is not None and (not accepted or least < min(accepted)):
             results.append(show(_worker(f"limit={least // MiB}MiB", s, tmp)))

@@ -135,7 +135,9 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         probe(run_loss, params, k)
         one = probe(run_loss, params, k)
         two = one
-        if batch >= 2 * k and (room is None or 2 * one.peak <= room):
+        # (where one probe is already beyond the room, no plan of whole samples fits: 2k
+        # then only makes the smallest limit named in the error right)
+        if batch >= 2 * k and (room is None or 2 * one.peak <= room or one.peak > room):
             probe(run_loss, params, 2 * k)  # the second of each size: the store has learned
             two = probe(run_loss, params, 2 * k)
         elif batch >= 2 * k and k // 2 >= least:
