@@ -453,3 +453,43 @@ def test_counting_saves_frees_the_graph():
     gc.collect()
     assert ref() is None
     assert count_saved(lambda: torch.relu(x @ torch.randn(16, 16)).exp()) == counted.nbytes
+
+
+class Attention(torch.nn.Module):
+    """scaled_dot_product_attention, whose backward recomputes the probabilities from a
+    log-sum-exp per query row that it saves beside q, k, v and the output."""
+
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.qkv, self.heads = torch.nn.Linear(d, 3 * d), heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
+                   for z in self.qkv(x).chunk(3, -1))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True).transpose(1, 2)
+
+
+@pytest.mark.parametrize("budget", [None, 1 << 16])
+def test_saves_no_gradient_reaches_stay_exact(budget):
+    """The "input" kind (made by no differentiable op: the model's input, an attention's
+    log-sum-exp) is stored lossless under every preset and under a budget; an override can
+    still name it."""
+    for preset in ("8bit", "4bit", "2bit", "auto"):
+        assert Policy.preset(preset).setting("input").bits is None
+    assert Policy(overrides={"input": {"bits": 4}}).setting("input").bits == 4
+    torch.manual_seed(0)
+    model, x = Attention(), torch.randn(8, 256, 64)  # a log-sum-exp of 32 KiB
+    policy = None if budget is not None else Policy.preset("2bit", min_bytes=0)
+    ctx = compress_saved(policy, model=model, budget=budget, min_bits=2)
+    for _ in range(2):  # a budget plans from the step before
+        with ctx:
+            model(x).square().mean().backward()
+    lossy = {"quant", "bitmap_quant"}
+    assert not any(set(r.codecs) & lossy for r in ctx.stats.rows.values() if r.op == "input")
+    forced = compress_saved(Policy.preset("2bit", min_bytes=0, overrides={"input": {"bits": 2}}),
+                            model=model)
+    with forced:
+        model(x).square().mean().backward()
+    assert any(set(r.codecs) & lossy for r in forced.stats.rows.values() if r.op == "input")

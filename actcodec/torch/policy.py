@@ -3,11 +3,19 @@
 A policy maps (op kind, layer name) to a `Setting`. Resolution order, first match wins:
 1. `overrides` keyed by layer name (fnmatch patterns such as "blocks.0.*" or "fc");
 2. `overrides` keyed by op kind ("conv", "linear", "batch_norm", "softmax", ...);
-3. sensitive op kinds (`sensitive`): stored at `sensitive_bits` when the policy's own bits are
+3. exact op kinds (`exact`, by default "input": saves no gradient flows to, made by no
+   differentiable op): stored lossless. Besides the model's input (which the caller holds
+   anyway) these are statistics attention kernels keep for backward, such as
+   scaled_dot_product_attention's log-sum-exp per query row: backward recomputes the
+   attention probabilities as exp(scores - logsumexp), so an error d in it scales a whole
+   row of probabilities by exp(-d). At 8 bits in groups of 256 that is up to about 1.5%
+   (measured: on a byte-level GPT-2, the largest single source of 8-bit gradient error, from
+   0.3% of the saved bytes);
+4. sensitive op kinds (`sensitive`): stored at `sensitive_bits` when the policy's own bits are
    fewer (None = lossless). Measured why: normalisation inputs and softmax outputs feed
    backward formulas that amplify their error (a ViT's gradient at 2 bits keeps a cosine of
    0.08 to the exact one when LayerNorm inputs are quantized too, 0.73 when they are not);
-4. the policy's own codec, bits, group size and rounding.
+5. the policy's own codec, bits, group size and rounding.
 Saves whose backward reads which elements are positive (`SIGN_READ`: ReLU's output, which
 threshold_backward turns into its mask) take "bitmap_quant" where the codec is "auto" and
 lossy: dense quantization rounds a small positive next to a zero in its group to zero and
@@ -28,7 +36,8 @@ from .. import encoder, quant
 
 OP_KINDS = ("input", "linear", "conv", "relu", "gelu", "silu", "batch_norm", "layer_norm",
             "group_norm", "max_pool", "avg_pool", "dropout", "softmax", "matmul", "other")
-SENSITIVE = ("batch_norm", "layer_norm", "group_norm", "softmax", "input")
+SENSITIVE = ("batch_norm", "layer_norm", "group_norm", "softmax")
+EXACT = ("input",)
 SIGN_READ = ("relu",)
 
 # Measured on a ResNet-18 and a small ViT (docs in README): 2-bit keeps batch norm inputs at
@@ -40,7 +49,7 @@ PRESETS = {
     "8bit": {"bits": 8},
     "4bit": {"bits": 4},
     "2bit": {"bits": 2, "group_size": 64, "overrides": {"batch_norm": {"group_size": 128}},
-             "sensitive": ("layer_norm", "group_norm", "softmax", "input")},
+             "sensitive": ("layer_norm", "group_norm", "softmax")},
     "auto": {},
 }
 
@@ -90,8 +99,10 @@ class Policy:
     bits: 1, 2, 4, 8, or None for lossless only; codec: "auto" picks the smallest encoding
     the bits allow per tensor by its density (k-bit dense, bitmap + k-bit nonzeros, bitmap,
     raw), or name one. rounding "stochastic" draws from a seed that changes every step and
-    every tensor (`draw`: the save session numbers them). overrides: {op kind or layer pattern: dict of Setting
-    fields, or None to keep those tensors uncompressed}. threads: the codec's threads per
+    every tensor (`draw`: the save session numbers them). overrides: {op kind or layer
+    pattern: dict of Setting fields, or None to keep those tensors uncompressed}. exact: op
+    kinds stored lossless unless an override names them (default "input", see the module
+    docstring). threads: the codec's threads per
     call (None: torch.get_num_threads() at that moment).
     """
 
@@ -102,6 +113,7 @@ class Policy:
     seed: int = 0
     sensitive_bits: int | None = 8
     sensitive: tuple = SENSITIVE
+    exact: tuple = EXACT
     overrides: dict = field(default_factory=dict)
     min_bytes: int = 16 * 1024
     threads: int | None = None
@@ -150,6 +162,8 @@ class Policy:
             if chosen is None:
                 return KEEP
             s = replace(self._base, **chosen)
+        elif op in self.exact:
+            s = replace(self._base, codec="auto", bits=None)
         elif op in self.sensitive and self._coarser(self.bits, self.sensitive_bits):
             s = replace(self._base, bits=self.sensitive_bits)
             if s.bits is None and s.codec in ("quant", "bitmap_quant"):

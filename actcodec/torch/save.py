@@ -150,8 +150,10 @@ class SaveSession:
                                    nbytes)
         budget = self.active_budget()
         site = None
-        if budget is not None and setting.codec != "keep":
-            setting, site = budget.setting_for(op, layer, t, setting)
+        pol = policy if policy is not None else self.policy
+        exact = setting.bits is None and op in getattr(pol, "exact", ())
+        if budget is not None and setting.codec != "keep" and not exact:
+            setting, site = budget.setting_for(op, layer, t, setting)  # (exact: never lossy)
         t0 = time.perf_counter()
         packed = pack(t, setting, self.store, keep_dense=budget is None,
                       opts=self.options(setting.thread_count()), alloc=self.alloc)
