@@ -88,6 +88,16 @@ def test_unknown_config_is_a_clear_error():
         main(["demo", "--task", "digits", "--configs", "fp32,3bit"])
 
 
+def test_a_budget_at_a_presets_bytes_is_a_configuration():
+    from actcodec.apps import configs
+
+    assert configs.budget_preset("budget/2bit") == "2bit"
+    assert configs.budget_preset("budget/4") is None and configs.budget_fraction("budget/4") == 4
+    assert demo._configs("fp32,budget/2bit,budget/8") == ["fp32", "budget/2bit", "budget/8"]
+    with pytest.raises(SystemExit, match="budget/PRESET"):
+        demo._configs("fp32,budget/3bit")
+
+
 def test_missing_packages_name_the_extra(monkeypatch):
     real_import = builtins.__import__
 

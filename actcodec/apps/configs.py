@@ -29,6 +29,16 @@ def budget_divisor(name: str) -> int | None:
     return int(n) if n.isdigit() and int(n) >= 1 else None
 
 
+def budget_preset(name: str) -> str | None:
+    """P of a "budget/P" configuration, a budget of the bytes the preset P holds for a step
+    (budget/2bit: the budget at uniform 2-bit's bytes, spent by importance instead); None if
+    the name is not one."""
+    from actcodec.torch.policy import PRESETS
+
+    p = name[len("budget/"):].removesuffix("-halved") if name.startswith("budget/") else ""
+    return p if p in PRESETS else None
+
+
 def budget_fraction(name: str) -> int | None:
     """N of a "budget/N" or "budget/N-halved" (the demo's: the budget halves half-way through
     training) configuration; None if the name is not one."""

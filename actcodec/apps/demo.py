@@ -142,9 +142,9 @@ def _configs(text: str) -> list[str]:
         raise SystemExit("--configs is empty")
     for name in names:
         if name.startswith("budget/"):
-            if configs.budget_fraction(name) is None:
+            if configs.budget_fraction(name) is None and configs.budget_preset(name) is None:
                 raise SystemExit(f"--configs: {name!r}: budget/N or budget/N-halved, N a whole "
-                                 f"number >= 1")
+                                 f"number >= 1, or budget/PRESET (that preset's bytes)")
         elif name not in configs.PLAIN:
             try:
                 Policy.preset(name)

@@ -60,7 +60,8 @@ def warm_up(name: str, policy, model, x_train, y_train, batch: int):
     """Warm up the libraries' lazy state (thread pools, kernels) on a throwaway copy of the
     model, so the floor is what the process holds before training; the real model is not
     touched. For a budget: the budget context, at 1/N of what plain fp32 saves for a training
-    batch (counted on the copy, as the counting pass: a batch of its own); else None."""
+    batch (counted on the copy, as the counting pass: a batch of its own), or at what a preset
+    holds for one (budget/2bit); else None."""
     budgeted = name.startswith("budget/")
     warm = copy.deepcopy(model)
     with _context(Policy() if budgeted else policy and Policy.preset(name)):
@@ -68,7 +69,13 @@ def warm_up(name: str, policy, model, x_train, y_train, batch: int):
     loss.backward()
     del loss
     budgeted_ctx = None
-    if budgeted:
+    if budgeted and configs.budget_preset(name):  # what the preset holds for a training batch
+        with compress_saved(Policy.preset(configs.budget_preset(name)), model=warm) as c:
+            loss = loss_of(warm(x_train[:batch].clone()), y_train[:batch])
+        loss.backward()
+        del loss
+        budgeted_ctx = compress_saved(model=model, budget=c.stats.peak_stored_bytes)
+    elif budgeted:
         fp32 = count_saved(lambda m=warm: m(x_train[:batch].clone()))
         budgeted_ctx = compress_saved(model=model, budget=fp32 // configs.budget_fraction(name))
     del warm
