@@ -55,7 +55,9 @@ def measurements(draw, profile):
                                       max_size=len(profile.blocks)))))
         s = draw(st.sampled_from(profile.storages)).name
         peaks[lp.memory_key(profile, m, r, s)] = draw(st.floats(0, 4e7))
-    worst = {s.name: draw(st.floats(0, 2)) for s in profile.storages if draw(st.booleans())}
+    counts = range(1, (profile.batch if profile.split else 1) + 1)
+    worst = {(m, s.name): draw(st.floats(0, 2)) for s in profile.storages
+             for m in counts[:3] if draw(st.booleans())}
     return lp.Measured(peaks, draw(st.floats(0, 1)), worst)
 
 
@@ -126,20 +128,23 @@ def test_many_kinds_of_blocks_fall_back_to_an_order():
     assert len(sets) == 17 and sets[0] == () and len(sets[-1]) == 16
 
 
-def test_measurements_calibrate_the_caution_per_storage():
-    """Before a storage has run, the caller's caution; after, the worst measured/model ratio
-    with it less one, plus the margin; a plan run is judged by its own largest peak."""
+def test_measurements_calibrate_the_caution_per_micro_batches_and_storage():
+    """Before a micro-batch count and storage have run, the caller's caution; after, the
+    worst measured/model ratio with them less one, plus the margin; a plan run is judged by
+    its own largest peak."""
     m = lp.Measured(caution=0.25)
     assert m.peak((1, (), "plain"), 100.0) == pytest.approx(125.0)
     m = m.learn((1, (), "plain"), 110.0, 100.0)
     assert m.peak((1, (), "plain"), 100.0) == 110.0
-    assert m.peak((2, (), "plain"), 100.0) == pytest.approx(100 * (1.10 + lp.CALIBRATED_MARGIN))
+    calibrated = 100 * (1.10 + lp.CALIBRATED_MARGIN)
+    assert m.peak((1, ((5, 1),), "plain"), 100.0) == pytest.approx(calibrated)
     assert m.peak((1, (), "lossless"), 100.0) == pytest.approx(125.0)  # not run yet
-    m = m.learn((2, (), "plain"), 80.0, 100.0).learn((1, (), "plain"), 90.0, 100.0)
-    assert m.peak((4, (), "plain"), 100.0) == pytest.approx(100 * (1.10 + lp.CALIBRATED_MARGIN))
-    assert m.peaks == {(1, (), "plain"): 110.0, (2, (), "plain"): 80.0}
-    m = lp.Measured(caution=0.25).learn((1, (), "paged"), 50.0, 100.0)
-    assert m.peak((2, (), "paged"), 100.0) == pytest.approx(100 * (1 + lp.CALIBRATED_MARGIN))
+    assert m.peak((2, (), "plain"), 100.0) == pytest.approx(125.0)  # nor 2 micro-batches
+    m = m.learn((1, ((5, 1),), "plain"), 80.0, 100.0).learn((1, (), "plain"), 90.0, 100.0)
+    assert m.peak((1, ((7, 1),), "plain"), 100.0) == pytest.approx(calibrated)  # the worst
+    assert m.peaks == {(1, (), "plain"): 110.0, (1, ((5, 1),), "plain"): 80.0}
+    m = lp.Measured(caution=0.25).learn((2, (), "paged"), 50.0, 100.0)
+    assert m.peak((2, ((5, 1),), "paged"), 100.0) == pytest.approx(100 * (1 + lp.CALIBRATED_MARGIN))
 
 
 def test_a_storages_own_work_adds_to_each_sample():
