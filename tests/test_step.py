@@ -2,6 +2,7 @@
 PyTorch's for each technique a plan combines, the limit's errors, bad input, faults, a limit
 changed from another thread. (That the measured peak stays under the limit is the memory
 command's to show, in fresh processes: `python -m actcodec memory --configs limit=...`.)"""
+import dataclasses
 import threading
 
 import pytest
@@ -308,7 +309,7 @@ def test_a_budget_plan_spends_the_room_on_bits_and_never_goes_below_bits():
 def test_a_limit_lowered_mid_step_makes_room_at_once_in_what_the_budget_holds(tmp_path):
     batch = data(256)
     m = model(width=128)
-    floor = resident.rss()
+    floor = resident.live()  # what Step counts as the floor (RSS less what allocators hold free)
     step = act.Step(m, limit=floor + 1024 * MiB, loss_fn=mse, spill_dir=str(tmp_path),
                     plan={"micro_batches": 1, "storage": "budget"})
     lowered = []
@@ -326,3 +327,26 @@ def test_a_limit_lowered_mid_step_makes_room_at_once_in_what_the_budget_holds(tm
     got = torch.cat([g.flatten() for g in grads(m)])
     want = torch.cat([g.flatten() for g in plain_grads(batch, width=128)])
     assert F.cosine_similarity(got, want, dim=0) > 0.999
+
+
+def test_a_measured_plan_gives_way_only_to_a_clearly_faster_one():
+    """The first step of a plan not yet run is where the model errs: a plan that fits by its
+    measured peak is kept unless the new one is predicted SWITCH_GAIN faster."""
+    from actcodec.torch import limit_plan as lp
+    from actcodec.torch import step as step_mod
+
+    model = torch.nn.Linear(4, 4)
+    step = act.Step(model, limit="1GiB", loss_fn=lambda m, b: m(b).sum())
+    block = lp.Block(saved=4e5, inputs=1e4, forward=1e-3)
+    profile = lp.Profile(batch=8, fixed=1e6, work=1e5, rest=1e5, blocks=(block,) * 2,
+                         seconds=1e-2, per_micro_batch=1e-3, storages=(lp.PLAIN,),
+                         split=True, effect=1.0, least=0.0)
+    ran = lp.predict(profile, 4, (0,), lp.PLAIN)
+    step.plan = ran
+    key = lp.memory_key(profile, 4, (0,), "plain")
+    step._measured = lp.Measured(caution=0.25).learn(key, ran.peak, ran.peak)
+    close = dataclasses.replace(lp.predict(profile, 4, (), lp.PLAIN), seconds=ran.seconds / 1.05)
+    clear = dataclasses.replace(close, seconds=ran.seconds / (step_mod.SWITCH_GAIN * 1.01))
+    assert step._stay(close, profile, 1e9) == ran
+    assert step._stay(clear, profile, 1e9) == clear
+    assert step._stay(close, profile, ran.peak - 1) == close  # the measured one no longer fits

@@ -33,10 +33,16 @@ def budget_preset(name: str) -> str | None:
     """P of a "budget/P" configuration, a budget of the bytes the preset P holds for a step
     (budget/2bit: the budget at uniform 2-bit's bytes, spent by importance instead); None if
     the name is not one."""
-    from actcodec.torch.policy import PRESETS
+    from actcodec.torch import Policy
 
     p = name[len("budget/"):].removesuffix("-halved") if name.startswith("budget/") else ""
-    return p if p in PRESETS else None
+    if not p or p.isdigit():
+        return None
+    try:
+        Policy.preset(p)
+    except ValueError:
+        return None
+    return p
 
 
 def budget_fraction(name: str) -> int | None:

@@ -275,5 +275,6 @@ def smallest(profile: Profile, exact: bool = False, measured: Measured = NOTHING
     """The smallest peak above the floor any allowed plan predicts."""
     counts = set(_counts(profile.batch) if profile.split else [1])
     counts |= {k[0] for k in measured.peaks if profile.split or k[0] == 1}
+    counts |= {m for m, _ in measured.worst if profile.split or m == 1}
     return min(predict(profile, m, r, s, measured).peak for r in recompute_sets(profile.blocks)
                for s in profile.storages if s.exact or not exact for m in counts)

@@ -46,6 +46,9 @@ SAFETY, SAFETY_BYTES = 0.02, 16 * MiB
 # probes are small, and a step on a new plan lays out its memory first fit (the store learns
 # lifetimes from the step before). Steps run then calibrate it (limit_plan.Measured.learn).
 CAUTION = 0.25
+# A plan that fits by its measured peak gives way to one not yet run only where the model
+# makes that one this many times faster.
+SWITCH_GAIN = 1.10
 LOSSY_BITS = (8, 4, 2)
 UNBOUNDED = 1 << 60  # a budget that holds everything (then every save stays exact)
 
@@ -209,6 +212,7 @@ class Step:
         available = room * (1 - SAFETY) - SAFETY_BYTES
         self._available = available
         plan = limit_plan.solve(profile, available, self.exact, self._measured)
+        plan = self._stay(plan, profile, available)
         if plan is None:
             needed = self._needed(profile, floor)
             raise MemoryLimitError(
@@ -218,6 +222,24 @@ class Step:
                 needed)
         self.plan = plan
         return plan
+
+    def _stay(self, plan, profile, available: float):
+        """The plan run last where it still fits by its measured peak and `plan` is one not
+        yet run that the model makes less than SWITCH_GAIN faster: a new plan's first step is
+        where the model errs (its layout first fit, an error the calibration has not seen)."""
+        last = self.plan
+        if plan is None or last is None or last == plan or last.peak <= 0:
+            return plan
+        key = lambda p: limit_plan.memory_key(profile, p.micro_batches, p.recompute, p.storage)
+        peaks = self._measured.peaks
+        if key(last) not in peaks or key(plan) in peaks or peaks[key(last)] > available:
+            return plan
+        storage = next((s for s in profile.storages if s.name == last.storage), None)
+        if storage is None:
+            return plan
+        kept = limit_plan.predict(profile, last.micro_batches, last.recompute, storage,
+                                  self._measured)
+        return plan if plan.seconds * SWITCH_GAIN < kept.seconds else kept
 
     def _held_allowance(self, plan, size: int, limit, floor: int) -> int:
         """A budget plan's bytes held for backward: what the model gives its saves at their
