@@ -5,11 +5,44 @@ from __future__ import annotations
 
 from actcodec.apps.zoo import enable_checkpointing, gpt2, resnet  # noqa: F401
 
-MODELS = ("gpt2", "resnet")
-SIZES = {"gpt2": {"batch": 4, "seq": 256}, "resnet": {"batch": 32, "size": 128}}
+MODELS = ("gpt2", "resnet", "vit", "bert")
+SIZES = {"gpt2": {"batch": 4, "seq": 256}, "resnet": {"batch": 32, "size": 128},
+         "vit": {"batch": 16, "size": 64}, "bert": {"batch": 8, "seq": 128}}
+
+
+def vit(batch: int, size: int):
+    """transformers' ViTForImageClassification from a config: 4 layers of 192, patches of 8."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = tf.ViTForImageClassification(tf.ViTConfig(
+        image_size=size, patch_size=8, hidden_size=192, num_hidden_layers=4,
+        num_attention_heads=3, intermediate_size=768, num_labels=10, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(batch, 3, size, size, generator=gen), torch.randint(0, 10, (batch,))
+    return model, lambda m: m(pixel_values=x, labels=y).loss
+
+
+def bert(batch: int, seq: int):
+    """transformers' BertForMaskedLM from a config: 4 layers of 256, every token a label."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = tf.BertForMaskedLM(tf.BertConfig(
+        vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=1024, max_position_embeddings=seq, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
+    ids = torch.randint(0, 8192, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, lambda m: m(input_ids=ids, labels=ids).loss
 
 
 def build(name: str, **sizes):
     if name not in MODELS:
         raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-    return {"gpt2": gpt2, "resnet": resnet}[name](**{**SIZES[name], **sizes})
+    return {"gpt2": gpt2, "resnet": resnet, "vit": vit, "bert": bert}[name](
+        **{**SIZES[name], **sizes})
