@@ -41,14 +41,14 @@ def negligible(exact: dict) -> list:
     return sorted(k for k, g in exact.items() if float(g.double().norm()) < NEGLIGIBLE * total)
 
 
-def cosines(got: dict, exact: dict) -> tuple:
-    """(whole-vector cosine, worst parameter's cosine, its name)."""
+def cosines(got: dict, exact: dict, left_out: set) -> tuple:
+    """(whole-vector cosine, worst parameter's cosine, its name), the worst among the
+    parameters not `left_out`."""
     def cos(a, b):
         return float(torch.nn.functional.cosine_similarity(a.reshape(-1).double(),
                                                            b.reshape(-1).double(), dim=0))
     whole = cos(torch.cat([g.reshape(-1) for g in got.values()]),
                 torch.cat([exact[k].reshape(-1) for k in got]))
-    left_out = set(negligible(exact))
     per = {k: cos(got[k], exact[k]) for k in got if k not in left_out}
     worst = min(per, key=per.get)
     return whole, per[worst], worst
@@ -59,20 +59,21 @@ def run(name: str, steps: int, sizes: dict) -> list:
     model, loss_fn = clients.build(name, **sizes)
     model.train()
     exact = gradients(model, loss_fn)
+    left_out = negligible(exact)
     rows = []
     for preset in ("8bit", "4bit", "2bit"):
         ctx = act.compress_saved(act.Policy.preset(preset), model=model)
         got = gradients(model, loss_fn, ctx)
-        rows.append((preset, ctx.stats.peak_stored_bytes, *cosines(got, exact), ""))
+        rows.append((preset, ctx.stats.peak_stored_bytes, *cosines(got, exact, set(left_out)), ""))
     two_bit = rows[-1][1]
     for label, budget in (("budget = 2bit's bytes", two_bit), ("budget = 2x that", 2 * two_bit)):
         ctx = act.compress_saved(model=model, budget=budget)
         for _ in range(steps):
             got = gradients(model, loss_fn, ctx)
         st = ctx.stats
-        rows.append((label, st.peak_stored_bytes, *cosines(got, exact),
+        rows.append((label, st.peak_stored_bytes, *cosines(got, exact, set(left_out)),
                      f"re-encoded {st.reencoded}, paged out {st.spilled}"))
-    return rows, negligible(exact)
+    return rows, left_out
 
 
 def markdown(name: str, rows: list, left_out: list) -> str:

@@ -46,3 +46,37 @@ def build(name: str, **sizes):
         raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     return {"gpt2": gpt2, "resnet": resnet, "vit": vit, "bert": bert}[name](
         **{**SIZES[name], **sizes})
+
+
+TEXT_CONTEXT = 256  # bytes per window of the byte-level GPT-2 below
+
+
+def help_text(context: int = TEXT_CONTEXT):
+    """(x_train, y_train, x_test, y_test): windows of Python's help text (demo_text.py),
+    held-out topics for the test set."""
+    import tempfile
+    from pathlib import Path
+
+    from actcodec.apps import demo_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        demo_text.split(str(Path(tmp) / "text.npz"), context)
+        return demo_text.data(str(Path(tmp) / "text.npz"))
+
+
+def byte_gpt2(seed: int = 0, context: int = TEXT_CONTEXT):
+    """transformers' GPT2LMHeadModel from a config over bytes, 4 layers of 256, dropout off, and
+    its loss on (inputs, targets)."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(
+        n_layer=4, n_embd=256, n_head=4, n_positions=context, vocab_size=256,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+    def loss(x, y):
+        return torch.nn.functional.cross_entropy(model(input_ids=x).logits.flatten(0, 1),
+                                                 y.flatten())
+    return model, loss

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import tempfile
+import sys
 from pathlib import Path
 
 import torch
 
-import actcodec.torch as act
-from actcodec.apps import demo_text
-from actcodec.torch.policy import OP_KINDS
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import clients  # noqa: E402
 
-CONTEXT, BATCH = 256, 16
+import actcodec.torch as act  # noqa: E402
+from actcodec.torch.policy import OP_KINDS  # noqa: E402
+
+BATCH = 16
 
 
 def main() -> None:
@@ -35,25 +37,13 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=8)
     args = p.parse_args()
     torch.set_num_threads(2)
-    import transformers as tf
-
-    tf.logging.set_verbosity_error()
-    with tempfile.TemporaryDirectory() as tmp:
-        demo_text.split(str(Path(tmp) / "text.npz"), CONTEXT)
-        x_train, y_train, _, _ = demo_text.data(str(Path(tmp) / "text.npz"))
-    torch.manual_seed(0)
-    model = tf.GPT2LMHeadModel(tf.GPT2Config(
-        n_layer=4, n_embd=256, n_head=4, n_positions=CONTEXT, vocab_size=256,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    x_train, y_train, _, _ = clients.help_text()
+    model, loss = clients.byte_gpt2()
     gen = torch.Generator().manual_seed(1)
 
     def batch():
         i = torch.randint(0, x_train.shape[0], (BATCH,), generator=gen)
         return x_train[i], y_train[i]
-
-    def loss(x, y):
-        return torch.nn.functional.cross_entropy(model(input_ids=x).logits.flatten(0, 1),
-                                                 y.flatten())
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(args.warm):
@@ -91,7 +81,7 @@ def main() -> None:
         return summed
 
     print(f"{args.preset}, transformers GPT-2 4 x 256 after {args.warm} fp32 steps, "
-          f"{args.batches} batches of {BATCH} x {CONTEXT} bytes\n")
+          f"{args.batches} batches of {BATCH} x {clients.TEXT_CONTEXT} bytes\n")
     print("| compressed | error per batch | error summed | systematic | along g |")
     print("|---|---|---|---|---|")
     summed = report("all kinds", gradients(act.compress_saved(act.Policy.preset(args.preset),

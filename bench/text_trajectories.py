@@ -9,39 +9,27 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-import actcodec.torch as act
-from actcodec.apps import demo_text
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import clients  # noqa: E402
 
-CONTEXT, BATCH = 256, 16
+import actcodec.torch as act  # noqa: E402
+
+BATCH = 16
 
 
 def main() -> None:
     config, seed = sys.argv[1], int(sys.argv[2])
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 300
     torch.set_num_threads(2)
-    import transformers as tf
-
-    tf.logging.set_verbosity_error()
-    with tempfile.TemporaryDirectory() as tmp:
-        demo_text.split(str(Path(tmp) / "text.npz"), CONTEXT)
-        x_train, y_train, x_test, y_test = demo_text.data(str(Path(tmp) / "text.npz"))
-    torch.manual_seed(seed)
-    model = tf.GPT2LMHeadModel(tf.GPT2Config(
-        n_layer=4, n_embd=256, n_head=4, n_positions=CONTEXT, vocab_size=256,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    x_train, y_train, x_test, y_test = clients.help_text()
+    model, loss = clients.byte_gpt2(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(seed + 100)
-
-    def loss(x, y):
-        return torch.nn.functional.cross_entropy(model(input_ids=x).logits.flatten(0, 1),
-                                                 y.flatten())
-
     ctx = None if config.startswith("fp32") else \
         act.compress_saved(act.Policy.preset(config), model=model)
     t0 = time.perf_counter()

@@ -151,10 +151,15 @@ class Measured:
     caution: float = 0.0
     worst: dict = field(default_factory=dict)
 
+    @staticmethod
+    def kind(key: tuple) -> tuple:
+        """What a plan's calibration is kept by: its micro-batch count and storage."""
+        return key[0], key[-1]
+
     def peak(self, key: tuple, model: float) -> float:
         if key in self.peaks:
             return self.peaks[key]
-        kind = (key[0], key[-1])
+        kind = self.kind(key)
         if kind in self.worst:
             return model * (1 + max(0.0, self.worst[kind] - 1) + CALIBRATED_MARGIN)
         return model * (1 + self.caution)
@@ -163,7 +168,7 @@ class Measured:
         """These measurements with one more: a plan of `key` whose model peak is `model`
         peaked at `measured`."""
         peaks = {**self.peaks, key: max(measured, self.peaks.get(key, 0))}
-        kind = (key[0], key[-1])
+        kind = self.kind(key)
         worst = {**self.worst, kind: max(self.worst.get(kind, 0.0), measured / model)}
         return Measured(peaks, self.caution, worst)
 
