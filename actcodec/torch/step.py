@@ -183,8 +183,7 @@ class Step:
             last = self.plan
             plan = self._plan_for(size, limit, floor)
             if lowered or plan != last:  # give back the pages a larger plan or probes kept
-                stores.new_step(None)
-                stores.new_step(None)
+                _release_kept_pages()
         probes = before.nbytes if "profile" in seconds else 0
         return self._run(batch, size, plan, limit, floor, seconds, probes)
 
@@ -399,8 +398,14 @@ def _give_back_free(limit: int) -> None:
     the system first. (The heap is left as it is: with the allocator installed it holds only
     small tensors, and a trimmed heap would make its free bytes unknowable.)"""
     if resident.rss() > limit - SAFETY_BYTES:
-        stores.new_step(None)  # twice: the store keeps the pages of the step before one period
-        stores.new_step(None)
+        _release_kept_pages()
+
+
+def _release_kept_pages() -> None:
+    """The store's free pages back to the system: it keeps the pages of the step before for
+    one period, so two periods end here."""
+    stores.new_step(None)
+    stores.new_step(None)
 
 
 def _restore(stash: dict) -> None:
