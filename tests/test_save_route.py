@@ -56,15 +56,21 @@ def trace(fn):
                          ids=["dense", "relu"])
 def test_one_saved_tensor_enters_few_files_and_never_climbs_back(make, codec_files):
     x = torch.randn(64, 1024, requires_grad=True)
-    y = x * 1.0
     ctx = act.compress_saved(act.Policy(bits=8))
+    with ctx:  # the first step profiles for the guard; the route is that of the others
+        loss = make(x * 1.0).sum()
+    loss.backward()
+    before = ctx.stats.tensors
+    y = x * 1.0
     out = {}
     with ctx:
         pack_files, pack_back = trace(lambda: out.setdefault("z", make(y)))
     loss = out["z"].sum()
     back_files, back_back = trace(loss.backward)
-    assert ctx.stats.tensors == 1
+    assert ctx.stats.tensors == before + 1
     files = list(dict.fromkeys(pack_files + back_files))
     assert not pack_back and not back_back, (pack_back, back_back)
-    assert len(files) <= 8 + codec_files, files
+    # save, policy, the guard (guard, and the site numbering it shares with the budget in
+    # sensitivity), packed, encoder, choice, the codec, the payload allocator
+    assert len(files) <= 10 + codec_files, files
     assert not any(f.startswith(("apps", "reduce")) for f in files)

@@ -7,16 +7,19 @@ step hold more bytes for backward than the budget (`stats.peak_stored_bytes`).
   saves came before it in the step). The min/max pass the quantizer runs anyway gives each
   group's range, so the noise energy each choice (bits and group size, CHOICES) would add is
   known once the site has been encoded: at k bits it is that of 1 bit over (2^k - 1)^2, and
-  coarser groups' ranges follow from finer ones'. It is taken relative to the tensor's energy
-  and weighted by how the op's backward amplifies it (normalisation inputs, softmax outputs,
-  the model's input: AMPLIFY). Lossless costs no error.
-- **Plan.** At each step's start the sites the last steps learned get their choices greedily
-  by error removed per byte (DAF 3.4.1), each up the lower convex hull of its (bytes, error)
-  choices: all start at the fewest bytes, and the step up with the best ratio is taken while
-  the total fits the budget, less what is held at sizes no choice changes (kept tensors,
-  masks, integers) and a margin for payloads whose size follows the data. The plan is kept
-  while the budget, the sites and the last step's fit stay the same. A site the plan does not
-  know (the first step, a new shape) starts at 8 bits in groups of 64 (POLICY).
+  coarser groups' ranges follow from finer ones'. How much of that noise, relative to the
+  tensor's energy, becomes error in the parameters' gradients is the site's gain, measured in
+  backward on profile steps (actcodec.torch.sensitivity: summed over the parameters, and the
+  most any one gets); until a site's kind is measured, AMPLIFY's weight for its op stands in.
+  Lossless costs no error.
+- **Plan.** At each step's start the sites the last steps learned get their choices: first
+  all are raised to the lowest worst-parameter error the budget holds for all, then the bytes
+  left go greedily by error removed per byte (DAF 3.4.1), each up the lower convex hull of its
+  (bytes, error) choices, while the total fits the budget, less what is held at sizes no choice
+  changes (kept tensors, masks, integers) and a margin for payloads whose size follows the
+  data. The plan is kept while the budget, the sites, the gains and the last step's fit stay
+  the same. A site the plan does not know (the first step, a new shape) starts at 8 bits in
+  groups of 64 (POLICY).
 - **Making room.** A save that does not fit is made to: the live saves (itself included)
   that lose least per byte freed are re-encoded a step down, to MIN_BITS at most; when that is
   not enough, the least important per byte are paged out to a temporary file and read back in
@@ -37,7 +40,7 @@ import numpy as np
 import torch
 
 from .. import choice
-from . import noise, planner
+from . import noise, planner, sensitivity
 from .keeper import Keeper
 from .packed import FLOATS
 from .planner import GROUPS, MARGIN, Site
@@ -84,10 +87,13 @@ class Budget:
         self.keeper = Keeper(stats, spill_dir)
         self.sites: dict = {}
         self.plan: dict = {}
-        self.ordinals: dict = {}
+        self.schedule = sensitivity.Schedule()  # profile steps, site keys
         self.fixed_bytes = 0  # held at sizes no choice changes (kept, masks, integers)
-        self.planned_for = None  # (budget, site keys) the plan was made for
+        self.planned_for = None  # (budget, site keys, gains seen) the plan was made for
         self.spill_dir = spill_dir
+        self.gains: dict = {}  # site key -> (gain, peak) measured in backward
+        self.op_gains: dict = {}  # op kind -> median measured (gain, peak), for sites not measured
+        self.measured = 0  # profile steps whose gains were taken in
 
     def set(self, value) -> None:
         """A new budget, from any thread: what is held is made to fit it at once."""
@@ -100,33 +106,66 @@ class Budget:
         (same budget and sites, and the last step kept to it without making room): choices
         that stay put keep payload sizes, and so the store's plan, from step to step. The
         keeper's count of room made starts afresh."""
-        replan = self.keeper.made_room or self.planned_for != (self.nbytes, set(self.sites))
+        self._take_gains(self.schedule.new_step(profile=bool(self.nbytes)))
+        planned_for = (self.nbytes, set(self.sites), self.measured)
+        replan = self.keeper.made_room or self.planned_for != planned_for
         self.keeper.made_room = 0
         if replan:
             room = int(self.nbytes * (1 - MARGIN)) - self.stats.stored_bytes - self.fixed_bytes
             # At 0 every save is paged out: the policy's bits, since fewer free no memory.
             self.plan = planner.plan(self.sites, max(room, 0)) if self.sites and self.nbytes else {}
-            self.planned_for = (self.nbytes, set(self.sites))
-        self.ordinals, self.fixed_bytes = {}, 0
+            self.planned_for = planned_for
+        self.fixed_bytes = 0
+
+    @property
+    def probe(self):
+        """This step's sensitivity.Probe, on a profile step."""
+        return self.schedule.probe
+
+    def _take_gains(self, found: dict) -> None:
+        """What the last profile step measured becomes the sites' gains."""
+        if not found:
+            return
+        self.gains.update(found)
+        by_op: dict = {}
+        for site, gains in self.gains.items():
+            by_op.setdefault(site[0], []).append(gains)
+        self.op_gains = {op: tuple(np.median(np.array(g), axis=0)) for op, g in by_op.items()}
+        for key, site in self.sites.items():
+            self._judge(key, site)
+        self.measured += 1
+
+    def _judge(self, key, site: Site) -> None:
+        """Gives a site its gain: measured, else its op kind's median measured gain, else its
+        op kind's weight (AMPLIFY), which also sets the fewest bits it may take until a gain
+        of its kind is measured."""
+        op = key[0]
+        gain = self.gains.get(key, self.op_gains.get(op))
+        if gain is None:
+            site.gain = planner.AMPLIFY.get(op, 1.0)
+            site.min_bits = max(planner.min_bits(op), self.min_bits)
+        else:
+            site.gain, site.peak = (float(g) for g in gain)
+            site.min_bits = max(planner.MIN_BITS, self.min_bits)
 
     def setting_for(self, op: str, layer, t: torch.Tensor, setting):
         """(the setting this save gets, its site key): the plan's choice where it has one."""
-        kind = (op, layer, tuple(t.shape), t.dtype)
-        n = self.ordinals.get(kind, 0)
-        self.ordinals[kind] = n + 1
-        site = (*kind, n)
+        site = self.schedule.site(op, layer, t)
         if site in self.plan:
             setting = planner.with_choice(setting, self.plan[site])
         return setting, site
 
     def admit(self, t: torch.Tensor, packed, setting, op: str, site, store) -> None:
         """Learns from `packed` (t encoded at `setting`) and holds it within the budget."""
-        learned = _learn(t, packed, op, self.min_bits)
+        learned = _learn(t, packed, op)
         if learned is not None:
             before = self.sites.get(site)
             if before is not None:  # group sizes this encoding could not tell: as before
                 learned.noise1 = {**before.noise1, **learned.noise1}
+            self._judge(site, learned)
             self.sites[site] = learned
+            if self.probe is not None:
+                self.probe.watch(packed, site, op)
         else:
             self.fixed_bytes += packed.nbytes
         self.keeper.admit(packed, learned, setting, store, self.nbytes)
@@ -143,7 +182,7 @@ class Budget:
         self.fixed_bytes += nbytes
 
 
-def _learn(t: torch.Tensor, packed, op: str, min_bits: int = 0) -> Site | None:
+def _learn(t: torch.Tensor, packed, op: str) -> Site | None:
     """What the plan knows about this save, or None where no choice applies (masks,
     integers)."""
     enc = packed.enc
@@ -151,5 +190,5 @@ def _learn(t: torch.Tensor, packed, op: str, min_bits: int = 0) -> Site | None:
         return None
     n = t.numel()
     nnz = enc.nnz if enc.nnz is not None else n
-    return Site(n, nnz, t.element_size(), noise.noise_at_one_bit(t, enc, op),
-                max(planner.min_bits(op), min_bits), "bitmap_quant" if op in SIGN_READ else None)
+    return Site(n, nnz, t.element_size(), noise.noise_at_one_bit(t, enc),
+                codec="bitmap_quant" if op in SIGN_READ else None)

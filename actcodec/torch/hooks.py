@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from . import allocator as allocators, budget as budgets, save
+from . import allocator as allocators, budget as budgets, guard as guards, save
 from .accounting import Accounting
 from .policy import Policy
 
@@ -44,6 +44,11 @@ class compress_saved:
     (actcodec.torch.budget); 0 pages every save out. Without a policy, 8 bits in groups
     of 64.
 
+    guard: without a budget, a save whose error at the policy's setting would move one
+    parameter's gradient by more than the guard allows, as measured in backward on the first
+    step and every few hundred after (actcodec.torch.guard), is stored lossless from then on;
+    False stores every save as the policy says.
+
     allocator: on first use, install actcodec's torch allocator (actcodec.torch.allocator) for
     the process, so that the activations a step frees leave no holes in the heap and the
     process's peak falls with what is saved; False keeps torch's allocator. With `store=None`
@@ -52,7 +57,8 @@ class compress_saved:
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
                  store=save.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
-                 allocator: bool = True, min_bits: int = 0, **policy_kwargs):
+                 allocator: bool = True, min_bits: int = 0, guard: bool = True,
+                 **policy_kwargs):
         if policy is not None and policy_kwargs:
             raise TypeError("pass a Policy or policy keywords, not both")
         if policy is None and budget is not None:
@@ -63,6 +69,7 @@ class compress_saved:
         self.stats = Accounting(self.store)
         self.spill_dir, self.min_bits = spill_dir, min_bits
         self.limit = None  # the budget.Budget saves go through, once a budget is set
+        self.guard = guards.Guard() if guard else None
         if budget is not None:
             self.limit = budgets.Budget(self.stats, budget, spill_dir, min_bits)
         self._names = ({id(m): n or type(m).__name__ for n, m in model.named_modules()}
@@ -89,8 +96,11 @@ class compress_saved:
         if self.allocator and _in_host_memory(self._model):
             allocators.ensure()
         limit = save.begin_step(self.stats, self.limit)
+        if limit is None and self.guard is not None:
+            self.guard.new_step()
         save.stores.new_step(self.store)  # what the steps before no longer need goes back
-        session = save.SaveSession(self.policy, self.stats, limit, self.store, self._names)
+        session = save.SaveSession(self.policy, self.stats, limit, self.store, self._names,
+                                   self.guard)
         self.session = session.__enter__()
         reg = torch.nn.modules.module
         self._handles = [

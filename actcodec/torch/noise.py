@@ -1,6 +1,6 @@
 """The noise model: how much error each choice of bits and group size would add to a save,
-relative to its energy and weighted by how its op's backward amplifies it (AMPLIFY), from the
-group ranges the quantizer computed anyway (or the tensor's own, per group)."""
+relative to its energy, from the group ranges the quantizer computed anyway (or the tensor's
+own, per group). How much of it reaches the gradients is the site's gain (planner.Site)."""
 from __future__ import annotations
 
 import math
@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from .. import choice
-from .planner import AMPLIFY, GROUPS
+from .planner import GROUPS
 
 
-def noise_at_one_bit(t: torch.Tensor, enc, op: str) -> dict:
-    """Per group size, the weighted relative noise energy 1-bit quantization of t would add:
+def noise_at_one_bit(t: torch.Tensor, enc) -> dict:
+    """Per group size, the relative noise energy 1-bit quantization of t would add:
     from the group minima and step sizes of its encoding `enc` (quant or bitmap_quant; group
     sizes its own and coarser), else from t's own min/max per group."""
     energy = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) ** 2
@@ -25,24 +25,25 @@ def noise_at_one_bit(t: torch.Tensor, enc, op: str) -> dict:
         lo, hi = mins, mins + scales * ((1 << bits) - 1)
     else:
         group = GROUPS[0]
-        flat = t.detach().reshape(-1).float()
-        whole = flat.numel() // group * group
-        if whole == 0:
-            return {g: 0.0 for g in GROUPS}
-        lo, hi = torch.aminmax(flat[:whole].view(-1, group), dim=1)
+        flat = _padded(t.detach().reshape(-1).float(), group)  # a short last group: its own
+        lo, hi = torch.aminmax(flat.view(-1, group), dim=1)
         lo, hi = lo.double(), hi.double()
     out = {}
     for g in GROUPS:
         if g % group:
             continue
         k = g // group
-        m = lo.numel() // k * k
-        if m == 0:
-            continue
-        glo = lo[:m].view(-1, k).amin(dim=1)
-        ghi = hi[:m].view(-1, k).amax(dim=1)
-        out[g] = AMPLIFY.get(op, 1.0) * float(((ghi - glo) ** 2).sum()) * g / 12.0 / energy
+        glo = _padded(lo, k).view(-1, k).amin(dim=1)
+        ghi = _padded(hi, k).view(-1, k).amax(dim=1)
+        out[g] = float(((ghi - glo) ** 2).sum()) * g / 12.0 / energy
     return out
+
+
+def _padded(v: torch.Tensor, k: int) -> torch.Tensor:
+    """v to a multiple of k elements, its last element repeated (which changes no group's
+    minimum or maximum)."""
+    short = -v.numel() % k
+    return torch.cat([v, v[-1:].expand(short)]) if short else v
 
 
 def _floats(buf) -> torch.Tensor:

@@ -55,7 +55,7 @@ class Packed:
     narrowed to a smaller integer type) with the version it had when saved."""
 
     __slots__ = ("enc", "layout", "kept", "version", "original_nbytes", "opts", "uses",
-                 "on_decode", "_pending", "_decoded", "spill", "lock", "__weakref__")
+                 "on_decode", "_pending", "_decoded", "spill", "lock", "probe", "__weakref__")
 
     def __init__(self, enc=None, layout=None, kept=None, original_nbytes=0, opts=None):
         self.enc, self.layout, self.kept = enc, layout, kept
@@ -72,6 +72,7 @@ class Packed:
         # buffers or a narrowed tensor's (dtype, shape)), and the lock the budget's keeper
         # holds while it re-encodes or pages this out and backward restores it.
         self.spill, self.lock = None, None
+        self.probe = None  # the profile step's sensitivity.Probe that watches this save
 
     @property
     def codec(self) -> str:

@@ -28,6 +28,11 @@ MIN_BITS = 2  # what making room re-encodes down to before it pages out
 # making room: below it, what does not fit is paged out instead. All at 2 bits, a byte-level
 # language model's LayerNorm and softmax saves made its training diverge (the demo's text task).
 SENSITIVE_MIN_BITS = 4
+# A save's measured error in its op's gradients (relative error energy, summed over the op's
+# outputs) that the plan and the keeper never exceed: about 0.7% rms per save, so that the
+# several saves a parameter's gradient depends on keep its cosine to the exact one >= 0.99.
+GUARD = 5e-5
+LOSSLESS_ONLY = 9  # min_bits of a save no bit width keeps within GUARD
 MARGIN = 0.03  # of the budget the plan leaves for payloads whose size follows the data
 AMPLIFY = {"batch_norm": 64.0, "layer_norm": 64.0, "group_norm": 64.0, "softmax": 64.0,
            "input": 64.0}
@@ -35,8 +40,10 @@ AMPLIFY = {"batch_norm": 64.0, "layer_norm": 64.0, "group_norm": 64.0, "softmax"
 
 @dataclass
 class Site:
-    """What a step learned about one save: its element count, nonzeros and element size, and
-    per group size its weighted noise at 1 bit relative to its energy (0: no error).
+    """What a step learned about one save: its element count, nonzeros and element size, per
+    group size its noise at 1 bit relative to its energy (0: no error), and its gain: how
+    much of that relative noise becomes relative error in the gradients of the op reading it
+    (measured in backward, actcodec.torch.sensitivity; else AMPLIFY's weight for its op).
     `codec`: the codec its lossy choices are stored with where the policy names one (a ReLU
     output's bitmap_quant), else None (the smallest)."""
 
@@ -46,6 +53,13 @@ class Site:
     noise1: dict
     min_bits: int = MIN_BITS
     codec: str | None = None
+    gain: float = 1.0
+    peak: float | None = None  # the part of gain the most affected parameter gets
+
+    def worst(self, c) -> float:
+        """The relative error choice c gives the one parameter it affects most."""
+        error = self.error(c)
+        return error if self.peak is None or self.gain <= 0 else error * self.peak / self.gain
 
     def _sizes(self, c) -> dict:
         bits, group = c if c is not None else (None, None)
@@ -62,7 +76,7 @@ class Site:
         if c is None or choice.smallest(self._sizes(c)) not in choice.LOSSY:
             return 0.0
         bits, group = c
-        return self.noise1[group] / float((1 << bits) - 1) ** 2
+        return self.gain * self.noise1[group] / float((1 << bits) - 1) ** 2
 
     def ladder(self) -> list:
         """The choices worth taking, fewest bytes first: the lower convex hull of (bytes,
@@ -71,8 +85,8 @@ class Site:
                          if c is None or (c[1] in self.noise1 and c[0] >= self.min_bits)))
         hull: list = []
         for b, e, i in points:
-            if hull and e >= hull[-1][1]:
-                continue  # more bytes for no less error
+            if hull and e >= hull[-1][1] and CHOICES[i] is not None:
+                continue  # more bytes for no less error (lossless stays: its 0 is exact)
             while len(hull) >= 2:
                 (b1, e1, _), (b2, e2, _) = hull[-2], hull[-1]
                 if (e1 - e2) * (b - b2) <= (e2 - e) * (b2 - b1):  # the middle one gains less
@@ -84,11 +98,14 @@ class Site:
 
 
 def plan(sites: dict, budget: int) -> dict:
-    """{site key: choice} within `budget` bytes in all: greedy by error removed per byte."""
+    """{site key: choice} within `budget` bytes in all. First every site is raised to the
+    lowest level of error any one parameter gets from it that the budget can hold for all
+    (`_floors`: so the worst parameter is as close as the bytes allow); the bytes left go
+    greedily by error removed per byte (the sum over parameters)."""
     keys = list(sites)
     ladders = [sites[k].ladder() for k in keys]
-    at = [0] * len(keys)
-    total = sum(sites[k].nbytes(lad[0]) for k, lad in zip(keys, ladders))
+    at = _floors([sites[k] for k in keys], ladders, budget)
+    total = sum(sites[k].nbytes(lad[a]) for k, lad, a in zip(keys, ladders, at))
     heap: list = []
 
     def push(i):
@@ -110,9 +127,44 @@ def plan(sites: dict, budget: int) -> dict:
     return {k: lad[a] for k, lad, a in zip(keys, ladders, at)}
 
 
+def _floors(sites: list, ladders: list, budget: int) -> list:
+    """Per site the first step of its ladder at or under the lowest worst-parameter error
+    level whose steps fit the budget together (all at the first step where none does)."""
+    def steps(level):
+        return [next((j for j, c in enumerate(lad) if site.worst(c) <= level), len(lad) - 1)
+                for site, lad in zip(sites, ladders)]
+
+    def cost(at):
+        return sum(site.nbytes(lad[j]) for site, lad, j in zip(sites, ladders, at))
+
+    levels = sorted({site.worst(c) for site, lad in zip(sites, ladders) for c in lad})
+    best = [0] * len(sites)
+    lo, hi = 0, len(levels) - 1
+    while lo <= hi:  # cost falls as the level rises
+        mid = (lo + hi) // 2
+        at = steps(levels[mid])
+        if cost(at) <= budget:
+            best, hi = at, mid - 1
+        else:
+            lo = mid + 1
+    return best
+
+
 def min_bits(op: str) -> int:
-    """The fewest bits a save by `op` may take."""
+    """The fewest bits a save by `op` may take while its gain is not measured."""
     return SENSITIVE_MIN_BITS if AMPLIFY.get(op, 1.0) > 1.0 else MIN_BITS
+
+
+def guarded_bits(site: Site) -> int:
+    """The fewest bits at which a save with a measured gain keeps the error it gives its
+    op's gradients within GUARD (in its finest groups); LOSSLESS_ONLY where none does."""
+    fine = min(site.noise1, default=None)
+    if fine is None:
+        return MIN_BITS
+    for bits in sorted({c[0] for c in CHOICES if c is not None}):
+        if site.gain * site.noise1[fine] / float((1 << bits) - 1) ** 2 <= GUARD:
+            return bits
+    return LOSSLESS_ONLY
 
 
 def with_choice(setting, c):

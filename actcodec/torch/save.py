@@ -21,6 +21,7 @@ import torch
 
 from .. import _options
 from .. import store as stores
+from . import sensitivity
 from .accounting import Row
 from .packed import Packed, keep, pack, store_alloc
 from .policy import Policy, Setting
@@ -76,9 +77,9 @@ class SaveSession:
     numbering of stochastic draws."""
 
     def __init__(self, policy: Policy | None = None, stats=None, budget=None,
-                 store=DEFAULT_STORE, names: dict | None = None):
+                 store=DEFAULT_STORE, names: dict | None = None, guard=None):
         self.policy = policy if policy is not None else DEFAULT_POLICY
-        self.stats, self.budget = stats, budget
+        self.stats, self.budget, self.guard = stats, budget, guard
         self.store = store_of(store)
         self.alloc = store_alloc(self.store)
         self.names = names or {}
@@ -154,6 +155,9 @@ class SaveSession:
         exact = setting.bits is None and op in getattr(pol, "exact", ())
         if budget is not None and setting.codec != "keep" and not exact:
             setting, site = budget.setting_for(op, layer, t, setting)  # (exact: never lossy)
+        elif budget is None and self.guard is not None and setting.bits is not None and \
+                setting.codec != "keep":
+            setting, site = self.guard.setting_for(op, layer, t, setting)
         t0 = time.perf_counter()
         packed = pack(t, setting, self.store, keep_dense=budget is None,
                       opts=self.options(setting.thread_count()), alloc=self.alloc)
@@ -175,7 +179,10 @@ class SaveSession:
                 budget.admit_fixed(packed)
             else:
                 budget.admit(t, packed, setting, op, site, self.store)
-        elif held and self.stats is not None:
+            return packed
+        if site is not None and self.guard is not None:
+            self.guard.admit(t, packed, op, site)
+        if held and self.stats is not None:
             hold(self.stats, packed, packed.nbytes)
         return packed
 
@@ -216,6 +223,19 @@ class SaveSession:
     # ---- the saved-tensor hooks ----
 
     def pack_hook(self, t: torch.Tensor):
+        packed = self._pack(t)
+        probe = self.probe()
+        if probe is not None and packed.probe is None:
+            probe.seen(packed)  # whichever save backward unpacks first starts it
+        return packed
+
+    def probe(self):
+        """This step's sensitivity.Probe, if it profiles: the budget's, else the guard's."""
+        budget = self.active_budget()
+        owner = budget if budget is not None else self.guard
+        return owner.probe if owner is not None else None
+
+    def _pack(self, t: torch.Tensor):
         if _is_parameter(t) or (t._base is not None and _is_parameter(t._base)):
             # a parameter, or a view of one (linear's transposed weight): held by the model,
             # not for backward
@@ -246,7 +266,13 @@ class SaveSession:
     def unpack_hook(packed):
         if not isinstance(packed, Packed):
             return packed
-        return packed.unpack()
+        again = sensitivity.AGAIN.get()
+        if again is not None:  # a node called again to measure a save's gain
+            return again[0].value(packed)
+        out = packed.unpack()
+        if packed.probe is not None:
+            packed.probe.unpacked(packed)
+        return out
 
     def _where(self, t: torch.Tensor) -> tuple[str, str | None]:
         """(op kind, layer name) of the save happening now."""
