@@ -13,6 +13,17 @@ STORAGES = (lp.PLAIN, lp.Storage("lossless", 0.8, 2e-10, True),
             lp.Storage("4bit", 0.16, 1e-9, False))
 
 
+def _counts(profile, measured, recompute, storage):
+    """Micro-batch counts a plan may take: those giving distinct micro-batch sizes (a count
+    between two of them splits into micro-batches no smaller than the lower one's, and costs
+    more), and counts already measured with this storage (and these blocks recomputed)."""
+    if not profile.split:
+        return [1]
+    same = lp.memory_key(profile, 1, recompute, storage.name)[1:]
+    return sorted(set(lp._counts(profile.batch)) | {k[0] for k in measured.peaks if k[1:] == same}
+                  | {m for m, name in measured.worst if name == storage.name})
+
+
 def brute_force(profile, available, exact, measured=lp.NOTHING):
     plans = {True: [], False: []}
     n = len(profile.blocks)
@@ -21,7 +32,7 @@ def brute_force(profile, available, exact, measured=lp.NOTHING):
             for s in profile.storages:
                 if exact and not s.exact:
                     continue
-                for m in range(1, (profile.batch if profile.split else 1) + 1):
+                for m in _counts(profile, measured, r, s):
                     p = lp.predict(profile, m, r, s, measured)
                     if p.peak <= available:
                         plans[s.exact].append(p)
