@@ -1,7 +1,8 @@
 """Gradient fidelity for the bytes: on transformers models built from a config, the cosine of
 the whole gradient and of the worst parameter to the exact (plain fp32) gradient, for the
-uniform presets and for a budget set at the bytes the uniform 2-bit preset holds. The budget
-runs a few steps on the same batch (the first profiles, later ones plan) and reports the last.
+uniform presets and for a budget set at the bytes the uniform 2-bit preset holds. Each runs a
+few steps on the same batch (the first profiles: the presets' guard and the budget's gains
+take effect after it) and reports the last.
 
     python bench/budget_fidelity.py [--models gpt2 resnet vit bert] [--steps 3]
                                     [--gpt2 batch=4,seq=256] [--resnet batch=32,size=128]
@@ -63,8 +64,11 @@ def run(name: str, steps: int, sizes: dict) -> list:
     rows = []
     for preset in ("8bit", "4bit", "2bit"):
         ctx = act.compress_saved(act.Policy.preset(preset), model=model)
-        got = gradients(model, loss_fn, ctx)
-        rows.append((preset, ctx.stats.peak_stored_bytes, *cosines(got, exact, set(left_out)), ""))
+        for _ in range(steps):  # the first profiles for the guard, later ones have it
+            got = gradients(model, loss_fn, ctx)
+        guarded = len(ctx.guard.lossless) if ctx.guard is not None else 0
+        rows.append((preset, ctx.stats.peak_stored_bytes, *cosines(got, exact, set(left_out)),
+                     f"guard: {guarded} lossless" if guarded else ""))
     two_bit = rows[-1][1]
     for label, budget in (("budget = 2bit's bytes", two_bit), ("budget = 2x that", 2 * two_bit)):
         ctx = act.compress_saved(model=model, budget=budget)

@@ -5,9 +5,27 @@ from __future__ import annotations
 
 from actcodec.apps.zoo import enable_checkpointing, gpt2, resnet  # noqa: F401
 
-MODELS = ("gpt2", "resnet", "vit", "bert")
+MODELS = ("gpt2", "resnet", "narrow_resnet", "vit", "bert")
 SIZES = {"gpt2": {"batch": 4, "seq": 256}, "resnet": {"batch": 32, "size": 128},
+         "narrow_resnet": {"batch": 8, "size": 64},
          "vit": {"batch": 16, "size": 64}, "bert": {"batch": 8, "seq": 128}}
+
+
+def narrow_resnet(batch: int, size: int):
+    """transformers' ResNetForImageClassification from a config, basic blocks of widths 32 to
+    256 (a stem of 32): the layout issue 26 found the 8-bit promise failing on."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = tf.ResNetForImageClassification(tf.ResNetConfig(
+        embedding_size=32, depths=[2, 2, 2, 2], hidden_sizes=[32, 64, 128, 256],
+        layer_type="basic", num_labels=10))
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+    return model, lambda m: m(pixel_values=x, labels=y).loss
 
 
 def vit(batch: int, size: int):
@@ -44,7 +62,8 @@ def bert(batch: int, seq: int):
 def build(name: str, **sizes):
     if name not in MODELS:
         raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
-    return {"gpt2": gpt2, "resnet": resnet, "vit": vit, "bert": bert}[name](
+    return {"gpt2": gpt2, "resnet": resnet, "narrow_resnet": narrow_resnet, "vit": vit,
+            "bert": bert}[name](
         **{**SIZES[name], **sizes})
 
 

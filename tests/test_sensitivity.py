@@ -184,22 +184,34 @@ def test_the_guard_stores_a_save_that_amplifies_its_error_lossless():
     model, x = Wiggle(), torch.randn(256, 64)
     exact = grads(model, x)
     ctx = compress_saved()  # the default: 8 bits, with the guard
-    first = grads(model, x, ctx)  # the profile step, at 8 bits everywhere
-    assert _cosine(first, exact) < 0.9
+    for _ in range(2):  # the first step, and the second: the profile step
+        assert _cosine(grads(model, x, ctx), exact) < 0.9
+    assert not ctx.guard.lossless
     second = grads(model, x, ctx)
     assert len(ctx.guard.lossless) == 1
     (site,) = ctx.guard.lossless
     assert site[0] == "other" and ctx.guard.errors[site] > 100 * min(ctx.guard.errors.values())
     assert _cosine(second, exact) > 0.9999
     off = compress_saved(guard=False)
-    for _ in range(2):
+    for _ in range(3):
         assert _cosine(grads(model, x, off), exact) < 0.9
+    fresh = [grads(model, x, compress_saved()) for _ in range(3)]  # a context per step
+    assert all(_cosine(g, exact) < 0.9 for g in fresh)  # never profiled, never guarded
 
 
 def test_the_guard_leaves_a_well_behaved_model_as_the_policy_says():
     model, x = Block(), torch.randn(4, 32, 64)
     ctx = compress_saved()
-    for _ in range(2):
+    for _ in range(3):
         grads(model, x, ctx)
     assert ctx.guard.errors and not ctx.guard.lossless
     assert max(ctx.guard.errors.values()) < 0.1 * guards.GUARD
+
+
+def test_the_guard_is_on_for_eight_bits_and_off_for_fewer_unless_told():
+    assert compress_saved().guard is not None
+    assert compress_saved(Policy.preset("8bit")).guard is not None
+    assert compress_saved(Policy.preset("2bit")).guard is None
+    assert compress_saved(Policy.preset("lossless")).guard is None
+    assert compress_saved(bits=4, guard=True).guard is not None
+    assert compress_saved(guard=False).guard is None

@@ -4,11 +4,12 @@ energy, measured in backward: actcodec.torch.sensitivity) is stored lossless fro
 step on. Found from what the probe measures, not from op names: the policy's rules (sensitive
 kinds, exact kinds, overrides) still decide first, and the guard only takes bits up.
 
-On the default 8-bit policy the measured errors of most saves are orders of magnitude under
-GUARD; what the guard catches is a save whose op amplifies its error many times, such as a
-statistic that backward exponentiates. Several saves feed most parameters' gradients, so GUARD
-is a tenth of the relative error energy (0.02) at which a gradient's cosine to the exact one
-falls to 0.99.
+compress_saved guards policies of 8 bits or more (the default's promise); fewer bits trade
+that promise for bytes, which the guard would take back. On the default 8-bit policy the
+measured errors of most saves are orders of magnitude under GUARD; what the guard catches is
+a save whose op amplifies its error many times, such as a statistic that backward
+exponentiates. Several saves feed most parameters' gradients, so GUARD is a tenth of the
+relative error energy (0.02) at which a gradient's cosine to the exact one falls to 0.99.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .. import choice
 from . import noise, sensitivity
 
 GUARD = 2e-3
+GUARDED_BITS = 8  # compress_saved guards policies of this many bits or more unless told
 
 
 class Guard:
@@ -27,7 +29,9 @@ class Guard:
     what each watched save's noise would be at its setting."""
 
     def __init__(self):
-        self.schedule = sensitivity.Schedule()
+        # From a context's second step: one made afresh for each step (a `with` in the loop)
+        # costs nothing and is guarded by nothing; one entered every step is both.
+        self.schedule = sensitivity.Schedule(first=1)
         self.lossless: set = set()  # site keys the guard stores lossless
         self.errors: dict = {}  # site key -> measured worst-parameter error at its setting
         self._noise: dict = {}  # site key -> (relative noise at its setting), this profile

@@ -45,9 +45,12 @@ class compress_saved:
     of 64.
 
     guard: without a budget, a save whose error at the policy's setting would move one
-    parameter's gradient by more than the guard allows, as measured in backward on the first
-    step and every few hundred after (actcodec.torch.guard), is stored lossless from then on;
-    False stores every save as the policy says.
+    parameter's gradient by more than the guard allows, as measured in backward on the second
+    step a context is entered for and every few hundred after (actcodec.torch.guard), is
+    stored lossless from then on: enter one context every step for it.
+    None (the default): on for policies of 8 bits or more, such as the default one, whose
+    promise is gradients close to the exact ones; off for fewer bits, which trade that for
+    bytes (a budget is what balances the two). True or False: on or off whatever the bits.
 
     allocator: on first use, install actcodec's torch allocator (actcodec.torch.allocator) for
     the process, so that the activations a step frees leave no holes in the heap and the
@@ -57,7 +60,7 @@ class compress_saved:
 
     def __init__(self, policy: Policy | None = None, *, model: torch.nn.Module | None = None,
                  store=save.DEFAULT_STORE, budget=None, spill_dir: str | None = None,
-                 allocator: bool = True, min_bits: int = 0, guard: bool = True,
+                 allocator: bool = True, min_bits: int = 0, guard: bool | None = None,
                  **policy_kwargs):
         if policy is not None and policy_kwargs:
             raise TypeError("pass a Policy or policy keywords, not both")
@@ -69,6 +72,8 @@ class compress_saved:
         self.stats = Accounting(self.store)
         self.spill_dir, self.min_bits = spill_dir, min_bits
         self.limit = None  # the budget.Budget saves go through, once a budget is set
+        if guard is None:
+            guard = self.policy.bits is not None and self.policy.bits >= guards.GUARDED_BITS
         self.guard = guards.Guard() if guard else None
         if budget is not None:
             self.limit = budgets.Budget(self.stats, budget, spill_dir, min_bits)

@@ -29,7 +29,7 @@ import torch
 
 from .policy import SIGN_READ
 
-# Profile steps: the first and every PROFILE_EVERY after. One calls each watched save's op
+# Profile steps: a context's first (its second for the guard) and every PROFILE_EVERY after. One calls each watched save's op
 # once more in backward, which costs one to several steps' time: a few percent of a step at
 # most, spread over these.
 PROFILE_EVERY = 200
@@ -44,8 +44,8 @@ class Schedule:
     """A context's steps as the probe sees them: which profile, and each save's site key (its
     op, layer, shape and dtype, and how many such saves came before it in the step)."""
 
-    def __init__(self):
-        self.steps = 0
+    def __init__(self, first: int = 0):
+        self.steps, self.first = 0, first  # the step that profiles first
         self.probe: Probe | None = None
         self._ordinals: dict = {}
 
@@ -53,7 +53,8 @@ class Schedule:
         """A step begins: what the last one's probe measured ({site: (gain, peak)}); this
         one profiles if it is due (and `profile`)."""
         found = self.probe.result() if self.probe is not None else {}
-        due = profile and self.steps % PROFILE_EVERY == 0
+        due = profile and self.steps >= self.first and \
+            (self.steps - self.first) % PROFILE_EVERY == 0
         self.probe = Probe(seed=self.steps) if due else None
         self.steps += 1
         self._ordinals = {}
