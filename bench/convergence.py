@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = "fp32,8bit,4bit,2bit,budget/2bit"
+CONFIGS = "fp32,8bit,4bit,2bit,2bit@stochastic,budget/2bit"
 TASKS = {  # 15 runs of each task, both in about 5 minutes on 2 cores (the default size: about an hour)
     "text": ["--task", "text", "--quick", "--width", "64", "--size", "128"],
     "digits": ["--task", "digits", "--quick"],

@@ -2,7 +2,8 @@
 one runs in:
 
 - ``fp32``, ``checkpoint`` (PLAIN): torch saves what it saves, no compress_saved;
-- a `Policy.preset` name: ``compress_saved(Policy.preset(name), model=model)``;
+- a `Policy.preset` name: ``compress_saved(Policy.preset(name), model=model)``; with
+  ``@stochastic`` (``2bit@stochastic``), the preset with stochastic rounding;
 - ``budget/N``: ``compress_saved(model=model, budget=...)`` at 1/N of the bytes plain fp32
   saves (the demo's ``budget/N-halved`` halves it half-way through training); ``offload``
   (OFFLOAD): a budget of 0, every save paged out.
@@ -22,6 +23,19 @@ PLAIN = ("fp32", "checkpoint")  # torch saves what it saves; no compress_saved
 OFFLOAD = "offload"  # a budget of 0: every save paged out, nothing held in memory for backward
 
 
+ROUNDING = "@stochastic"  # a preset name's modifier: the preset with stochastic rounding
+
+
+def policy(name: str):
+    """The Policy a preset configuration names: `Policy.preset`, or with ROUNDING appended,
+    that preset with stochastic rounding. ValueError for an unknown preset."""
+    from actcodec.torch import Policy
+
+    if name.endswith(ROUNDING):
+        return Policy.preset(name.removesuffix(ROUNDING), rounding="stochastic")
+    return Policy.preset(name)
+
+
 def budget_divisor(name: str) -> int | None:
     """N of a "budget/N" configuration (a budget of 1/N of what fp32 saves); None if the name
     is not one."""
@@ -33,13 +47,11 @@ def budget_preset(name: str) -> str | None:
     """P of a "budget/P" configuration, a budget of the bytes the preset P holds for a step
     (budget/2bit: the budget at uniform 2-bit's bytes, spent by importance instead); None if
     the name is not one."""
-    from actcodec.torch import Policy
-
     p = name[len("budget/"):].removesuffix("-halved") if name.startswith("budget/") else ""
     if not p or p.isdigit():
         return None
     try:
-        Policy.preset(p)
+        policy(p)
     except ValueError:
         return None
     return p
@@ -81,9 +93,7 @@ def check(config: str) -> None:
         if budget_divisor(name) is None:
             raise SystemExit(f"--configs: {config!r}: budget/N takes a whole N >= 1")
     elif name not in (*PLAIN, OFFLOAD):
-        from actcodec.torch import Policy
-
-        Policy.preset(name)
+        policy(name)
 
 
 def new_plain_step(name: str, allocator: bool) -> None:
@@ -120,5 +130,5 @@ def step_contexts(name: str, model, loss_fn, allocator: bool = True):
         return lambda: ctx
     import actcodec.torch as act
 
-    policy = act.Policy.preset(name)
-    return lambda: act.compress_saved(policy, model=model, allocator=allocator)
+    named = policy(name)
+    return lambda: act.compress_saved(named, model=model, allocator=allocator)

@@ -135,8 +135,6 @@ def _settings(args) -> dict:
 
 
 def _configs(text: str) -> list[str]:
-    from actcodec.torch import Policy
-
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
         raise SystemExit("--configs is empty")
@@ -147,7 +145,7 @@ def _configs(text: str) -> list[str]:
                                  f"number >= 1, or budget/PRESET (that preset's bytes)")
         elif name not in configs.PLAIN:
             try:
-                Policy.preset(name)
+                configs.policy(name)
             except ValueError as e:
                 raise SystemExit(f"--configs: {e}; or fp32, checkpoint") from None
     if len(set(names)) != len(names):

@@ -64,13 +64,13 @@ def warm_up(name: str, policy, model, x_train, y_train, batch: int):
     holds for one (budget/2bit); else None."""
     budgeted = name.startswith("budget/")
     warm = copy.deepcopy(model)
-    with _context(Policy() if budgeted else policy and Policy.preset(name)):
+    with _context(Policy() if budgeted else policy and configs.policy(name)):
         loss = loss_of(warm(x_train[:2]), y_train[:2])
     loss.backward()
     del loss
     budgeted_ctx = None
     if budgeted and configs.budget_preset(name):  # what the preset holds for a training batch
-        with compress_saved(Policy.preset(configs.budget_preset(name)), model=warm) as c:
+        with compress_saved(configs.policy(configs.budget_preset(name)), model=warm) as c:
             loss = loss_of(warm(x_train[:batch].clone()), y_train[:batch])
         loss.backward()
         del loss
@@ -225,7 +225,7 @@ def run(name: str, s: dict, data: str, seed: int = 0) -> dict:
     if s["allocator"] == "store":
         allocator.install()
     budgeted = name.startswith("budget/")
-    policy = None if name in configs.PLAIN or budgeted else Policy.preset(name)
+    policy = None if name in configs.PLAIN or budgeted else configs.policy(name)
 
     x_train, y_train, x_test, y_test, model = task(name, s, data, seed)
     batch = min(s["batch_size"], len(y_train))
