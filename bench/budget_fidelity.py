@@ -32,6 +32,7 @@ def gradients(model, loss_fn, ctx=None) -> dict:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+OUT = Path(__file__).resolve().parent.parent / "docs" / "fidelity" / "gradients.md"
 NEGLIGIBLE = 1e-6  # of the whole gradient's norm: a parameter whose exact gradient is below it
 
 
@@ -96,14 +97,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(clients.MODELS))
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--no-write", action="store_true", help=f"print only, not to {OUT.name}")
     for name in clients.MODELS:
         p.add_argument(f"--{name}", default="")
     args = p.parse_args(argv)
     torch.set_num_threads(2)
+    parts = []
     for name in args.models:
         spec = getattr(args, name)
         sizes = {k: int(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
-        print(markdown(name, *run(name, args.steps, sizes)) + "\n", flush=True)
+        parts.append(markdown(name, *run(name, args.steps, sizes)))
+        print(parts[-1] + "\n", flush=True)
+    if not args.no_write:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text("# Gradient cosines on transformers clients, and the budget at 2-bit's "
+                       "bytes\n\n`python bench/budget_fidelity.py` (" + __doc__.split("\n\n")[0]
+                       .replace("\n", " ") + ")\n\n" + "\n\n".join(parts) + "\n")
+        print(f"wrote {OUT}")
     return 0
 
 

@@ -137,16 +137,14 @@ class Budget:
 
     def _judge(self, key, site: Site) -> None:
         """Gives a site its gain: measured, else its op kind's median measured gain, else its
-        op kind's weight (AMPLIFY), which also sets the fewest bits it may take until a gain
-        of its kind is measured."""
+        op kind's weight (AMPLIFY); and the fewest bits it may take (planner.min_bits)."""
         op = key[0]
         gain = self.gains.get(key, self.op_gains.get(op))
         if gain is None:
             site.gain = planner.AMPLIFY.get(op, 1.0)
-            site.min_bits = max(planner.min_bits(op), self.min_bits)
         else:
             site.gain, site.peak = (float(g) for g in gain)
-            site.min_bits = max(planner.MIN_BITS, self.min_bits)
+        site.min_bits = max(planner.min_bits(op), self.min_bits)
 
     def setting_for(self, op: str, layer, t: torch.Tensor, setting):
         """(the setting this save gets, its site key): the plan's choice where it has one."""
