@@ -32,7 +32,7 @@ from .policy import SIGN_READ
 # Profile steps: a context's first (its second for the guard) and every PROFILE_EVERY after. One calls each watched save's op
 # once more in backward, which costs one to several steps' time: a few percent of a step at
 # most, spread over these.
-PROFILE_EVERY = 200
+PROFILE_EVERY = 500
 PROBE_BITS = 4  # the perturbation's step: small enough for the op to act linearly on it
 GROUP = 64  # elements per group whose range sets the perturbation's step
 _KEY = "actcodec_probe"  # where a node's metadata holds the key a probe gave it
