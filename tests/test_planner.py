@@ -87,3 +87,14 @@ def test_a_site_stored_with_a_named_codec_is_sized_by_it():
                         codec="bitmap_quant")
     assert relu.nbytes((8, 256)) == dense.nbytes((8, 256)) + 4096 // 8 - 6 * 1
     assert relu.nbytes(None) == dense.nbytes(None)  # lossless: the smallest, as before
+
+
+def test_the_margin_is_left_only_for_payloads_whose_size_follows_the_data():
+    dense = planner.Site(n=3000, nnz=3000, esize=4, noise1={64: 1.0, 256: 2.0})
+    sparse = planner.Site(n=1000, nnz=400, esize=4, noise1={64: 1.0, 256: 2.0})
+    relu = planner.Site(n=1000, nnz=1000, esize=4, noise1={64: 1.0, 256: 2.0},
+                        codec="bitmap_quant")
+    assert planner.data_dependent_share({0: dense}) == 0
+    assert planner.data_dependent_share({0: dense, 1: sparse}) == 0.25
+    assert planner.data_dependent_share({0: dense, 1: sparse, 2: relu}) == 0.4
+    assert planner.data_dependent_share({}) == 1.0

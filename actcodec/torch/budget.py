@@ -111,7 +111,8 @@ class Budget:
         replan = self.keeper.made_room or self.planned_for != planned_for
         self.keeper.made_room = 0
         if replan:
-            room = int(self.nbytes * (1 - MARGIN)) - self.stats.stored_bytes - self.fixed_bytes
+            room = int(self.nbytes * (1 - MARGIN * planner.data_dependent_share(self.sites))) \
+                - self.stats.stored_bytes - self.fixed_bytes
             # At 0 every save is paged out: the policy's bits, since fewer free no memory.
             self.plan = planner.plan(self.sites, max(room, 0)) if self.sites and self.nbytes else {}
             self.planned_for = planned_for
