@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 
 from .. import choice
-from . import noise, sensitivity
+from . import noise, planner, sensitivity
 
 GUARD = 2e-3
 GUARDED_BITS = 8  # compress_saved guards policies of this many bits or more unless told
@@ -69,5 +69,5 @@ class Guard:
         noise1 = noise.noise_at_one_bit(t, enc).get(group)
         if noise1 is None:
             return
-        self._noise[site] = noise1 / float((1 << bits) - 1) ** 2
+        self._noise[site] = planner.at_bits(noise1, bits)
         probe.watch(packed, site, op)

@@ -16,7 +16,7 @@ def noise_at_one_bit(t: torch.Tensor, enc) -> dict:
     """Per group size, the relative noise energy 1-bit quantization of t would add:
     from the group minima and step sizes of its encoding `enc` (quant or bitmap_quant; group
     sizes its own and coarser), else from t's own min/max per group."""
-    energy = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) ** 2
+    energy = squared_norm(t.detach())
     if energy == 0 or not math.isfinite(energy):
         return {g: 0.0 for g in GROUPS}
     if enc is not None and enc.codec in choice.LOSSY and enc.params["group_size"] in GROUPS:
@@ -37,6 +37,13 @@ def noise_at_one_bit(t: torch.Tensor, enc) -> dict:
         ghi = _padded(hi, k).view(-1, k).amax(dim=1)
         out[g] = float(((ghi - glo) ** 2).sum()) * g / 12.0 / energy
     return out
+
+
+def squared_norm(t) -> float:
+    """A tensor's energy, its squared norm accumulated in float32 (0 for anything else)."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return 0.0
+    return float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2
 
 
 def _padded(v: torch.Tensor, k: int) -> torch.Tensor:

@@ -80,7 +80,7 @@ class Site:
         if c is None or choice.smallest(self._sizes(c)) not in choice.LOSSY:
             return 0.0
         bits, group = c
-        return self.gain * self.noise1[group] / float((1 << bits) - 1) ** 2
+        return self.gain * at_bits(self.noise1[group], bits)
 
     def ladder(self) -> list:
         """The choices worth taking, fewest bytes first: the lower convex hull of (bytes,
@@ -152,6 +152,11 @@ def _floors(sites: list, ladders: list, budget: int) -> list:
         else:
             lo = mid + 1
     return best
+
+
+def at_bits(noise1: float, bits: int) -> float:
+    """The relative noise of k-bit codes, from that of 1 bit: a step is 1/(2^k - 1) of it."""
+    return noise1 / float((1 << bits) - 1) ** 2
 
 
 def data_dependent_share(sites: dict) -> float:

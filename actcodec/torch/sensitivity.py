@@ -1,23 +1,22 @@
 """Importance from backward (GACT, ActNN): how much a save's compression error moves the
-gradients of the op that reads it, measured while backward runs.
+parameters' gradients, measured while backward runs.
 
-On a profile step each save the budget plans is watched. When backward first unpacks one,
-every node still to run gets two hooks: before it runs, its incoming gradients are kept;
-after it has run, if it read watched saves, it is called again on those same gradients, once
-with its saves as they are and once per watched save with that save perturbed by noise shaped
-as quantization noise (uniform, one step of 2^PROBE_BITS per group of GROUP elements, zeros
-and signs kept where the op reads signs). What the node returns (the gradients of its
-parameters and of its inputs) moves by a relative error energy E (summed over its outputs,
-each relative to its own energy); the save moved by a relative noise energy N. Their ratio,
-the save's *gain*, turns the noise model's relative noise per choice into the relative error
-the op's gradients get (actcodec.torch.planner.Site.error): the weight gradient of a linear
-layer (the incoming gradient against the input's error), a norm's amplification, a softmax's,
-attention's, all measured the same way, at the cost of one more backward of each watched op.
+On a profile step each save the budget plans (or the guard watches) is watched. When backward
+first unpacks a save of the step, every node still to run gets two hooks: before it runs, its
+incoming gradients are kept; after it has run, if it read watched saves, it is called again on
+those same gradients, once with its saves as they are and once per watched save with that save
+perturbed by noise shaped as quantization noise (uniform, one step of 2^PROBE_BITS per group of
+GROUP elements, zeros and signs kept where the op reads signs). The error each of its outputs
+gets goes on through the graph: where it enters a node it is taken relative to everything that
+node receives (so an error in a branch is diluted where the branch joins a larger gradient),
+and it leaves the node in proportion to each output's energy, until it reaches the parameters.
+Per unit of the save's relative noise, the sum over parameters of the relative error energy
+each gets is the save's *gain*, the most one gets its *peak* (actcodec.torch.planner.Site).
 
-The hooks go on when backward first unpacks a save of the step; the node doing so has already
-started, so its incoming gradients cannot be seen: its saves are not measured (the budget
-gives them the median gain of their op's kind). Nothing here changes what backward computes: the calls again run without grad,
-on copies where saves are perturbed, and their results are dropped.
+The node that unpacks the first save has already started, so its incoming gradients cannot be
+seen: its saves are not measured (the budget gives them the median gain of their op's kind).
+Nothing here changes what backward computes: the calls again run without grad, on copies
+where saves are perturbed, and their results are dropped.
 """
 from __future__ import annotations
 
@@ -27,11 +26,12 @@ import weakref
 
 import torch
 
+from .noise import squared_norm
 from .policy import SIGN_READ
 
-# Profile steps: a context's first (its second for the guard) and every PROFILE_EVERY after. One calls each watched save's op
-# once more in backward, which costs one to several steps' time: a few percent of a step at
-# most, spread over these.
+# Profile steps: a context's first (its second for the guard) and every PROFILE_EVERY after.
+# One calls each watched save's op once more in backward, which costs one to several steps'
+# time: under 1% of a step, spread over these.
 PROFILE_EVERY = 500
 PROBE_BITS = 4  # the perturbation's step: small enough for the op to act linearly on it
 GROUP = 64  # elements per group whose range sets the perturbation's step
@@ -90,6 +90,7 @@ class Probe:
         self._pending: dict = {}
         self._carried: dict = {}  # node key -> {site: relative error} in its incoming gradient
         self._draws = 0  # perturbations drawn: each its own noise
+        self._noise = 0.0  # the last perturbation's relative noise energy
         self._restored: dict = {}  # id(packed) -> decoded, while one node is measured
 
     def watch(self, packed, site, op: str) -> None:
@@ -147,7 +148,7 @@ class Probe:
         waiting = [self._pending.pop((_key(node), i), None) for i in range(len(grads))]
         carried: dict = {}
         if any(waiting):
-            energy = sum(_energy(g) for g in grads)
+            energy = sum(squared_norm(g) for g in grads)
             for errors in filter(None, waiting):
                 for site, error in errors.items():
                     if energy > 0:
@@ -172,7 +173,7 @@ class Probe:
             return  # a backward that builds a graph
         if carried:  # relative errors that came in go on in each output's own energy
             for (nxt, i), out in zip(node.next_functions, grad_inputs):
-                energy = _energy(out) if nxt is not None else 0.0
+                energy = squared_norm(out) if nxt is not None else 0.0
                 if energy > 0:
                     self._add((_key(nxt), i), {s: r * energy for s, r in carried.items()})
         if grads is not None and read:
@@ -205,7 +206,7 @@ class Probe:
                 for (nxt, i), a, b in zip(node.next_functions, clean, moved):
                     if nxt is not None and isinstance(a, torch.Tensor) and \
                             isinstance(b, torch.Tensor):
-                        self._add((_key(nxt), i), {site: _energy(b - a) / noise})
+                        self._add((_key(nxt), i), {site: squared_norm(b - a) / noise})
 
     def _again(self, node, grads, target):
         token = AGAIN.set((self, target))
@@ -242,7 +243,7 @@ def perturbed(t: torch.Tensor, seed: int, keep_signs: bool) -> tuple[torch.Tenso
     the noise's energy relative to t's). keep_signs: zeros stay zero and positives positive
     (what a ReLU output's codec keeps)."""
     flat = t.detach().reshape(-1).float()
-    energy = _energy(flat)
+    energy = squared_norm(flat)
     whole = flat.numel() // GROUP * GROUP
     if whole == 0 or energy == 0 or not math.isfinite(energy):
         return t, 0.0
@@ -256,7 +257,7 @@ def perturbed(t: torch.Tensor, seed: int, keep_signs: bool) -> tuple[torch.Tenso
         tiny = torch.finfo(torch.float32).tiny
         moved = torch.where(flat > 0, moved.clamp_min(tiny), flat)
     out = moved.to(t.dtype).reshape(t.shape)
-    return out, _energy(out.reshape(-1).float() - flat) / energy
+    return out, squared_norm(out.reshape(-1).float() - flat) / energy
 
 
 def _key(node):
@@ -264,8 +265,4 @@ def _key(node):
     return node.metadata.get(_KEY)
 
 
-def _energy(t) -> float:
-    """The squared norm of a tensor (0 for anything else)."""
-    if not isinstance(t, torch.Tensor) or t.numel() == 0:
-        return 0.0
-    return float(torch.linalg.vector_norm(t if t.is_floating_point() else t.float())) ** 2
+
