@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
 
 import actcodec.torch as act  # noqa: E402
-from actcodec.torch.policy import OP_KINDS  # noqa: E402
+from actcodec.torch.save.policy import OP_KINDS  # noqa: E402
 
 BATCH = 16
 

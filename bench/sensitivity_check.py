@@ -1,6 +1,6 @@
 """The importance estimate against the gradient error it predicts: on transformers models
 built from a config, a budget context's profile step measures each save's gain
-(actcodec.torch.sensitivity); then each save alone is stored at 2 bits (every other lossless)
+(actcodec.torch.budget.sensitivity); then each save alone is stored at 2 bits (every other lossless)
 and the sum over parameters of each one's relative gradient error energy is measured, against
 the gain times the noise model's relative noise at 2 bits. Writes docs/fidelity/sensitivity.md
 with, per model, the log-correlation and the median ratio of measured to predicted, and the
@@ -22,7 +22,7 @@ import budget_fidelity as bf  # noqa: E402
 import clients  # noqa: E402
 
 import actcodec.torch as act  # noqa: E402
-from actcodec.torch import budget as budgets  # noqa: E402
+from actcodec.torch.budget import budget as budgets  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "fidelity" / "sensitivity.md"
 BITS = 2

@@ -74,7 +74,7 @@ def run(root: Path, model_name: str, config: str, steps: int) -> dict:
 
 def _profile_every(root: Path) -> int:
     sys.path.insert(0, str(root))
-    from actcodec.torch import sensitivity
+    from actcodec.torch.budget import sensitivity
 
     return sensitivity.PROFILE_EVERY
 

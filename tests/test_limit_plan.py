@@ -6,7 +6,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from actcodec.torch import limit_plan as lp
+from actcodec.torch.limit import limit_plan as lp
 
 STORAGES = (lp.PLAIN, lp.Storage("lossless", 0.8, 2e-10, True),
             lp.Storage("paged", 0.0, 2e-9, True), lp.Storage("8bit", 0.28, 1e-9, False, extra=2e5),

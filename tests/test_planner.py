@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("torch")  # the planner lives in actcodec.torch, though it uses none of it
-from actcodec.torch import planner  # noqa: E402
+from actcodec.torch.budget import planner  # noqa: E402
 
 
 @st.composite

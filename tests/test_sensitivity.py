@@ -1,4 +1,4 @@
-"""Importance from backward (actcodec.torch.sensitivity): a profile step measures, per save,
+"""Importance from backward (actcodec.torch.budget.sensitivity): a profile step measures, per save,
 how its compression error reaches the parameters' gradients. The estimate is checked against
 the gradient error measured by quantizing one save at a time, against the closed form for a
 linear layer, and profiling never changes what backward computes."""
@@ -11,7 +11,10 @@ torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
 
 from actcodec.torch import Policy, compress_saved  # noqa: E402
-from actcodec.torch import budget as budgets, guard as guards, planner, sensitivity  # noqa: E402
+from actcodec.torch.budget import budget as budgets  # noqa: E402
+from actcodec.torch.budget import guard as guards  # noqa: E402
+from actcodec.torch.budget import planner  # noqa: E402
+from actcodec.torch.budget import sensitivity  # noqa: E402
 
 from test_torch_hooks import MODELS, Block, cnn, grads  # noqa: E402
 

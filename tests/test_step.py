@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import actcodec.torch as act
 from actcodec import resident
-from actcodec.torch import blocks, limit_plan
+from actcodec.torch.limit import blocks
+from actcodec.torch.limit import limit_plan
 
 MiB = 1 << 20
 
@@ -332,8 +333,8 @@ def test_a_limit_lowered_mid_step_makes_room_at_once_in_what_the_budget_holds(tm
 def test_a_measured_plan_gives_way_only_to_a_clearly_faster_one():
     """The first step of a plan not yet run is where the model errs: a plan that fits by its
     measured peak is kept unless the new one is predicted SWITCH_GAIN faster."""
-    from actcodec.torch import limit_plan as lp
-    from actcodec.torch import step as step_mod
+    from actcodec.torch.limit import limit_plan as lp
+    from actcodec.torch.limit import step as step_mod
 
     model = torch.nn.Linear(4, 4)
     step = act.Step(model, limit="1GiB", loss_fn=lambda m, b: m(b).sum())

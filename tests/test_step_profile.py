@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from actcodec.torch import step_profile  # noqa: E402
+from actcodec.torch.limit import step_profile  # noqa: E402
 
 MiB = 1 << 20
 FIXED, PER_SAMPLE, SAVED, EXTRA = 40 * MiB, 10 * MiB, 6 * MiB, 3 * MiB

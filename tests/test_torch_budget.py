@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
 
 from actcodec.torch import Accounting, Policy, compress_saved, convert, record  # noqa: E402
-from actcodec.torch import budget as budgets, planner  # noqa: E402
+from actcodec.torch.budget import budget as budgets  # noqa: E402
+from actcodec.torch.budget import planner  # noqa: E402
 
 from test_torch_hooks import MODELS, cnn, grads  # noqa: E402
 

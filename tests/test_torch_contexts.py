@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from actcodec.torch import Policy, compress_saved  # noqa: E402
-from actcodec.torch import budget as budgets  # noqa: E402
+from actcodec.torch.budget import budget as budgets  # noqa: E402
 
 from models import TransformerBlock  # noqa: E402
 
@@ -122,7 +122,7 @@ def test_a_full_disk_while_paging_out_raises_and_leaves_the_context_whole(monkey
     import gc
     import os
 
-    from actcodec.torch import keeper
+    from actcodec.torch.budget import keeper
 
     x = torch.randn(64, 1024, requires_grad=True)
     ctx = compress_saved(Policy(bits=None, min_bytes=0), budget=0)

@@ -1,4 +1,4 @@
-"""The torch device path (actcodec.torch.device) against the C path, on CPU tensors forced
+"""The torch device path (actcodec.torch.codecs.device) against the C path, on CPU tensors forced
 through it: the same bytes for every codec and parameter, the same decoded bits both ways, the
 same NonFiniteError index, one host read per encode, and the routing of non-CPU tensors."""
 import numpy as np
@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 
 import actcodec  # noqa: E402
 from actcodec import container  # noqa: E402
-from actcodec.torch import backend as bridge, device  # noqa: E402
+from actcodec.torch.codecs import backend as bridge  # noqa: E402
+from actcodec.torch.codecs import device  # noqa: E402
 from strategies import LENGTHS, SPECIAL  # noqa: E402
 
 TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,

@@ -13,7 +13,8 @@ from actcodec import _ext, bitmap, choice, encoder
 torch = pytest.importorskip("torch")  # the torch extra; CI installs it
 nn = torch.nn
 
-from actcodec.torch import Policy, Setting, compress_saved, packed as packing  # noqa: E402
+from actcodec.torch import Policy, Setting, compress_saved  # noqa: E402
+from actcodec.torch.codecs import packed as packing  # noqa: E402
 
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 

@@ -13,9 +13,9 @@ nn = torch.nn
 F = nn.functional
 
 from actcodec.torch import record  # noqa: E402
-from actcodec.torch import functions as fn  # noqa: E402
-from actcodec.torch.convert import COMPRESSED, convert, unconvert  # noqa: E402
-from actcodec.torch.policy import Policy  # noqa: E402
+from actcodec.torch.save import functions as fn  # noqa: E402
+from actcodec.torch.save.convert import COMPRESSED, convert, unconvert  # noqa: E402
+from actcodec.torch.save.policy import Policy  # noqa: E402
 
 LOSSLESS = Policy.preset("lossless", min_bytes=0)
 

@@ -75,7 +75,7 @@ def test_cnn_relu_outputs_are_sparse_and_shared():
 
 
 def test_accounting_is_exact(monkeypatch):
-    from actcodec.torch import save
+    from actcodec.torch.save import save
     model, x = cnn(), torch.randn(4, 3, 32, 32)
     ctx = compress_saved(bits=None, min_bytes=0)
     seen = []
@@ -362,7 +362,7 @@ def test_accounting_table_per_layer():
 
 def force_device_route(monkeypatch):
     """Every tensor the adapters encode goes through the torch-op path, CPU ones included."""
-    from actcodec.torch import packed
+    from actcodec.torch.codecs import packed
 
     monkeypatch.setattr(packed, "_host_path", lambda t: False)
 
@@ -370,7 +370,7 @@ def force_device_route(monkeypatch):
 def test_device_path_matches_the_c_path(monkeypatch):
     """Tensors on other devices are packed with torch ops on that device; forced on CPU here,
     the payload bytes and the gradients equal those of the C path."""
-    from actcodec.torch import packed as packing
+    from actcodec.torch.codecs import packed as packing
     settings = (packing.Setting(bits=None), packing.Setting(bits=8),
                 packing.Setting(bits=2, group_size=64, rounding="stochastic", seed=5))
     inputs = [torch.relu(torch.randn(3000)) - 0.1 * (torch.rand(3000) < 0.1),

@@ -8,8 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from actcodec.torch import Policy, compress_saved, convert, packed as packing  # noqa: E402
-from actcodec.torch.packed import ALIGN  # noqa: E402
+from actcodec.torch import Policy, compress_saved, convert  # noqa: E402
+from actcodec.torch.codecs import packed as packing  # noqa: E402
+from actcodec.torch.codecs.packed import ALIGN  # noqa: E402
 
 LOSSLESS = packing.Setting(bits=None)
 

@@ -34,8 +34,9 @@ import torch.nn.functional as F
 from torch.autograd import Function
 from torch.autograd.function import once_differentiable
 
-from . import packed as packed_, save
-from .packed import Layout
+from ..codecs import packed as packed_
+from . import save
+from ..codecs.packed import Layout
 from .policy import Policy
 
 aten = torch.ops.aten

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import _dtypes, choice, container, encoder, quant
-from ..bitmap import nonzero_count
-from ..quant import (EXPONENT, F32_MAX, HASH_GOLDEN, HASH_KEY_OFFSET, HASH_MUL1, HASH_MUL2,
+from ... import _dtypes, choice, container, encoder, quant
+from ...bitmap import nonzero_count
+from ...quant import (EXPONENT, F32_MAX, HASH_GOLDEN, HASH_KEY_OFFSET, HASH_MUL1, HASH_MUL2,
                      U24_SCALE)
-from ..registry import CODECS
+from ...registry import CODECS
 from .dtypes import NAMES, TORCH_DTYPES
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bit-pattern views

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import save
+from ..save import save
 from . import planner
 from .planner import Site, with_choice
-from .policy import Setting
+from ..save.policy import Setting
 
 
 class Spill:

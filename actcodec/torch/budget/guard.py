@@ -17,8 +17,10 @@ from dataclasses import replace
 
 import torch
 
-from .. import choice
-from . import noise, planner, sensitivity
+from ... import choice
+from . import noise
+from . import planner
+from . import sensitivity
 
 GUARD = 2e-3
 GUARDED_BITS = 8  # compress_saved guards policies of this many bits or more unless told

@@ -27,11 +27,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .. import _alloc, _options, encoder
+from ... import _alloc, _options, encoder
 from . import device
-from ..registry import CODECS
+from ...registry import CODECS
 from .dtypes import BITS, NAMES, UNSIGNED
-from .policy import Setting
+from ..save.policy import Setting
 
 ALIGN = 64  # bytes; the CPU allocator's alignment
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

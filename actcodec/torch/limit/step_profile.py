@@ -14,10 +14,11 @@ import time
 
 import torch
 
-from .. import choice, resident
-from .. import store as stores
-from . import blocks as blocks_mod, limit_plan
-from .backend import decode, encode
+from ... import choice, resident
+from ... import store as stores
+from . import blocks as blocks_mod
+from . import limit_plan
+from ..codecs.backend import decode, encode
 
 MIN_BYTES = 4096  # saves smaller than this stay as they are under every storage
 LOSSY = {"8bit": (8, 256), "4bit": (4, 256), "2bit": (2, 64)}  # Policy presets' bits, groups

@@ -27,7 +27,7 @@ import weakref
 import torch
 
 from .noise import squared_norm
-from .policy import SIGN_READ
+from ..save.policy import SIGN_READ
 
 # Profile steps: a context's first (its second for the guard) and every PROFILE_EVERY after.
 # One calls each watched save's op once more in backward, which costs one to several steps'

@@ -19,11 +19,11 @@ import weakref
 
 import torch
 
-from .. import _options
-from .. import store as stores
-from . import sensitivity
+from ... import _options
+from ... import store as stores
+from ..budget import sensitivity
 from .accounting import Row
-from .packed import Packed, keep, pack, store_alloc
+from ..codecs.packed import Packed, keep, pack, store_alloc
 from .policy import Policy, Setting
 
 DEFAULT_STORE = "default"  # the process's store (actcodec.store.default())

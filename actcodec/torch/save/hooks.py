@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from . import allocator as allocators, budget as budgets, guard as guards, save
+from . import allocator as allocators
+from ..budget import budget as budgets
+from ..budget import guard as guards
+from . import save
 from .accounting import Accounting
 from .policy import Policy
 

@@ -39,12 +39,14 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .. import choice
-from . import noise, planner, sensitivity
+from ... import choice
+from . import noise
+from . import planner
+from . import sensitivity
 from .keeper import Keeper
-from .packed import FLOATS
+from ..codecs.packed import FLOATS
 from .planner import GROUPS, MARGIN, Site
-from .policy import SIGN_READ
+from ..save.policy import SIGN_READ
 
 # A budget without a policy starts unknown saves at 8 bits in groups of 64: the stats of the
 # finest group size give every coarser one's noise exactly.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import _options, backends, container, encoder
+from ... import _options, backends, container, encoder
 from . import device
 from .dtypes import BITS, NAMES, TORCH_DTYPES, UNSIGNED
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from .. import choice
+from ... import choice
 from .planner import GROUPS
 
 

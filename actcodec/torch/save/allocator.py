@@ -28,8 +28,8 @@ import threading
 import time
 import warnings
 
-from .. import _ext, resident
-from .. import store as stores
+from ... import _ext, resident
+from ... import store as stores
 
 THRESHOLD = 1 << 20
 _LOCK = threading.Lock()

@@ -16,7 +16,7 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 
-from .. import choice
+from ... import choice
 
 # What a save may be stored as: (bits, group size) or None (lossless). Groups of 64 cost a bit
 # per element more than groups of 256. 2 bits come in groups of 64 only: the noise model

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .. import encoder, quant
+from ... import encoder, quant
 
 OP_KINDS = ("input", "linear", "conv", "relu", "gelu", "silu", "batch_norm", "layer_norm",
             "group_norm", "max_pool", "avg_pool", "dropout", "softmax", "matmul", "other")

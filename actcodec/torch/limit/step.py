@@ -30,13 +30,16 @@ import warnings
 
 import torch
 
-from .. import resident
-from .. import store as stores
-from . import allocator as allocators, blocks as blocks_mod, limit_plan, micro_batches as mb
+from ... import resident
+from ... import store as stores
+from ..save import allocator as allocators
+from . import blocks as blocks_mod
+from . import limit_plan
+from . import micro_batches as mb
 from . import step_profile
-from .budget import parse_bytes
-from .hooks import compress_saved
-from .policy import Policy
+from ..budget.budget import parse_bytes
+from ..save.hooks import compress_saved
+from ..save.policy import Policy
 
 MiB = 1 << 20
 # What the plan leaves free of the room above the floor: a share for what no measurement
