@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import actcodec
 
 ROOT = Path(actcodec.__file__).parent
@@ -109,9 +111,11 @@ def test_the_codec_core_imports_no_torch():
                 assert not [n for n in names if n.split(".")[0] == "torch"], path.name
 
 
-def test_the_planner_is_pure():
-    """The budget's planner takes numbers and returns choices: no torch, no locks."""
-    source = (ROOT / "torch" / "planner.py").read_text()
+@pytest.mark.parametrize("path", ["budget/planner.py", "limit/limit_plan.py"])
+def test_the_planners_are_pure(path):
+    """The budget's planner and the limit's solver take numbers and return choices: no torch,
+    no locks."""
+    source = (ROOT / "torch" / path).read_text()
     tree = ast.parse(source)
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
              for a in n.names}
