@@ -48,7 +48,7 @@ def peak_rss() -> int:
     return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB elsewhere
 
 
-def reset_peak() -> bool:
+def _reset_kernel_peak() -> bool:
     """Reset the kernel's high-water mark (Linux: VmHWM) to the current RSS; False where that
     is not possible."""
     try:
@@ -60,10 +60,53 @@ def reset_peak() -> bool:
     return hwm is not None and now is not None and hwm <= now + 1024
 
 
+class _PeakReader:
+    """The one reader of the kernel's high-water mark. The counter is the process's, so its
+    reader is too: a reset would erase what every open `Peak` (in this thread or another) has
+    not read yet, so each reset first folds the counter into all of them. Invariant: an open
+    Peak's peak is max(its folded value, the counter now)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.open: set = set()
+
+    def reset(self) -> bool:
+        with self.lock:
+            hwm = peak_rss()
+            for p in self.open:
+                p._peak = max(p._peak, hwm)
+            return _reset_kernel_peak()
+
+    def enter(self, p: "Peak") -> bool:
+        with self.lock:
+            hwm = peak_rss()
+            for q in self.open:
+                q._peak = max(q._peak, hwm)
+            ok = _reset_kernel_peak()
+            if ok:
+                self.open.add(p)
+            return ok
+
+    def leave(self, p: "Peak") -> None:
+        with self.lock:
+            p._peak = max(p._peak, peak_rss())
+            self.open.discard(p)
+
+
+_READER = _PeakReader()
+
+
+def reset_peak() -> bool:
+    """Reset the kernel's high-water mark (Linux: VmHWM) to the current RSS, after every open
+    `Peak` has taken what it held; False where that is not possible."""
+    return _READER.reset()
+
+
 class Peak:
     """The peak RSS of the block it is entered for (`nbytes`, also readable inside it): the
     kernel's counter after a reset, or a sampling thread where no reset is possible (then
-    `sampled` is True)."""
+    `sampled` is True). Peaks nest and may run in several threads at once: a reset made
+    inside one (another Peak, `reset_peak`) does not lose what the outer one had seen."""
 
     def __init__(self, period: float = 0.001):
         self.period = period
@@ -71,8 +114,8 @@ class Peak:
         self._peak, self._stop, self._thread = 0, None, None
 
     def __enter__(self) -> "Peak":
-        self.sampled = not reset_peak()
         self._peak = rss()
+        self.sampled = not _READER.enter(self)
         if self.sampled:
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -84,7 +127,7 @@ class Peak:
             self._stop.set()
             self._thread.join()
         else:
-            self._peak = max(self._peak, peak_rss())
+            _READER.leave(self)
 
     @property
     def nbytes(self) -> int:
