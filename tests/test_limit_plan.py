@@ -19,8 +19,9 @@ def _counts(profile, measured, recompute, storage):
     more), and counts already measured with this storage (and these blocks recomputed)."""
     if not profile.split:
         return [1]
-    same = lp.memory_key(profile, 1, recompute, storage.name)[1:]
-    return sorted(set(lp._counts(profile.batch)) | {k[0] for k in measured.peaks if k[1:] == same}
+    return sorted(set(lp._counts(profile.batch))
+                  | {k[0] for k in measured.peaks
+                     if k == lp.memory_key(profile, k[0], recompute, storage.name)}
                   | {m for m, name in measured.worst if name == storage.name})
 
 
@@ -172,3 +173,33 @@ def test_a_storages_own_work_adds_to_each_sample():
     assert lp.solve(profile, a, exact=False).storage == "8bit"
     assert lp.solve(dataclasses.replace(profile, storages=(lp.PLAIN, heavy)), a) is None or \
         lp.solve(dataclasses.replace(profile, storages=(lp.PLAIN, heavy)), a).storage != "8bit"
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.floats(0, 1e6), b=st.floats(0, 1e4), units=st.floats(1, 4096),
+       other=st.floats(1, 4096))
+def test_a_profile_scaled_to_another_shape_bounds_what_it_costs_there(a, b, units, other):
+    """Per sample, a cost a*u + b*u**2 (linear parts, attention's quadratic scores) measured
+    at `units` elements per sample: the profile scaled to `other` never predicts less than
+    the cost there, whether the sample grew or shrank."""
+    cost = lambda u: a * u + b * u * u
+    profile = lp.Profile(batch=4, fixed=1e6, work=cost(units), rest=cost(units),
+                         blocks=(lp.Block(cost(units), cost(units) / 8, 1e-3),), units=units,
+                         least=cost(units))
+    there = lp.scaled(profile, other)
+    for got in (there.work, there.rest, there.blocks[0].saved, there.least):
+        assert got >= cost(other) * (1 - 1e-9)
+    assert there.fixed == profile.fixed and there.units == other
+
+
+def test_a_peak_measured_on_a_small_batch_is_not_trusted_for_a_larger_one():
+    """A peak measured at batch 4 says nothing of batch 48 on the same plan (issue: a
+    batch-48 step planned by a batch-4 measurement went 30% over the limit)."""
+    small = lp.Profile(batch=4, fixed=1e6, work=1e6, rest=2e6)
+    key = lp.memory_key(small, 1, (), "plain")
+    measured = lp.Measured({key: 5e6}, caution=0.25, worst={(1, "plain"): 1.0})
+    assert lp.predict(small, 1, (), lp.PLAIN, measured).peak == 5e6
+    large = dataclasses.replace(small, batch=48)
+    assert lp.predict(large, 1, (), lp.PLAIN, measured).peak > 1e6 + 48 * 3e6
+    longer = lp.scaled(small, 3.0)  # the same batch, three times the tokens per sample
+    assert lp.predict(longer, 1, (), lp.PLAIN, measured).peak > 1e6 + 4 * 3e6 * 3

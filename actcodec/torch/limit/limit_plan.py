@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 LOSSY_GAIN = 1.10  # a lossy plan must be this many times faster than the best exact one
 MAX_COMBINATIONS = 4096  # sets of recomputed blocks tried exhaustively; beyond, in order
@@ -91,6 +91,25 @@ goes below."""
     split: bool = True
     effect: float = 1.0
     least: float = 0.0
+    units: float = 1.0
+
+
+def scaled(profile: Profile, units: float) -> Profile:
+    """The profile for samples of `units` elements (a batch's shape class: tokens and such,
+    actcodec.torch.limit.shape) from one measured at `profile.units`. What a sample costs
+    grows with its size at most as its square (attention's scores over a sequence) and at
+    least linearly, so a smaller sample is planned at the linear share of the measured one
+    and a larger one at the square's: both bounds from above. Nothing per step (`fixed`, the
+    time a micro-batch adds) changes."""
+    if units == profile.units or profile.units <= 0:
+        return profile
+    r = units / profile.units
+    f = r if r <= 1 else r * r
+    return replace(profile, units=units, work=profile.work * f, rest=profile.rest * f,
+                   least=profile.least * f, seconds=profile.seconds * f,
+                   blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * f)
+                                for b in profile.blocks),
+                   storages=tuple(replace(s, extra=s.extra * f) for s in profile.storages))
 
 
 @dataclass(frozen=True)
@@ -154,7 +173,7 @@ class Measured:
     @staticmethod
     def kind(key: tuple) -> tuple:
         """What a plan's calibration is kept by: its micro-batch count and storage."""
-        return key[0], key[-1]
+        return key[0], key[2]
 
     def peak(self, key: tuple, model: float) -> float:
         if key in self.peaks:
@@ -178,10 +197,13 @@ NOTHING = Measured()
 
 def memory_key(profile: Profile, micro_batches: int, recompute, storage: str) -> tuple:
     """What a plan's memory depends on: its micro-batches, the bytes of the blocks it
-    recomputes (blocks with the same bytes are interchangeable), its storage."""
+    recomputes (blocks with the same bytes are interchangeable), its storage, and the shape
+    it runs at: samples per micro-batch and elements per sample (a measured peak holds for
+    that shape alone; a batch of another shape is judged by the calibrated model)."""
     kinds = tuple(sorted((profile.blocks[i].saved, profile.blocks[i].inputs)
                          for i in recompute))
-    return (micro_batches, kinds, storage)
+    return (micro_batches, kinds, storage, math.ceil(profile.batch / micro_batches),
+            profile.units)
 
 
 def predict(profile: Profile, micro_batches: int, recompute, storage: Storage,
@@ -233,8 +255,8 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
             hi = mid
         else:
             lo = mid + 1
-    same = memory_key(profile, 1, recompute, storage.name)[1:]
-    known = sorted({k[0] for k in measured.peaks if k[1:] == same}
+    known = sorted({k[0] for k in measured.peaks
+                    if k == memory_key(profile, k[0], recompute, storage.name)}
                    | {m for m, name in measured.worst if name == storage.name})
     best = next((m for m in known if fits(m)), None)
     for m in counts[lo:]:  # from where the model fits, unless a measurement says not

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 import time
 import warnings
@@ -33,10 +34,12 @@ import torch
 from ... import resident
 from ... import store as stores
 from ..save import allocator as allocators
+from . import accumulate
 from . import blocks as blocks_mod
 from . import limit_plan
+from . import loss_weights
 from . import micro_batches as mb
-from . import step_profile
+from . import optimizer_state, shape, step_profile
 from ..budget.budget import parse_bytes
 from ..save.hooks import compress_saved
 from ..save.policy import Policy
@@ -108,7 +111,7 @@ class Step:
     def __init__(self, model: torch.nn.Module, limit=None, *, loss_fn=None, bits: int = 8,
                  exact: bool = False, spill_dir: str | None = None,
                  ghost_batchnorm: bool = False, batch_size: int | None = None, plan=None,
-                 scaler=None, allocator: bool = True):
+                 scaler=None, allocator: bool = True, optimizer=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"Step needs a torch.nn.Module, got {type(model).__name__}")
         if bits not in LOSSY_BITS:
@@ -122,7 +125,10 @@ class Step:
         self.plan = None if plan is None else (
             plan if isinstance(plan, limit_plan.Plan) else limit_plan.Plan.from_dict(plan))
         self.frozen = plan is not None
-        self.profile: limit_plan.Profile | None = None
+        self.optimizer = optimizer
+        optimizer_state.pending_bytes(optimizer)  # a clear error now for what is not one
+        self.profile: limit_plan.Profile | None = None  # the last step's, at its shape
+        self._profiles: dict = {}  # measured profiles by elements per sample
         self.stats = StepStats()
         self.blocks = blocks_mod.find(model)
         blocks_mod.wrap(self.blocks)
@@ -171,20 +177,24 @@ class Step:
             self._check_device()
             _give_back_free(limit)
         seconds = {}
+        batch = _no_cache(self.model, batch)
+        units = shape.units_per_sample(batch, size)
         with resident.Peak() as before:  # the probes' peak: the limit holds for them too
-            floor = step_profile.floor()
-            if limit is not None and self.profile is None and not self.frozen:
+            floor = self._floor()
+            if limit is not None and not self.frozen and self._needs_probes(units, limit,
+                                                                            floor):
                 t0 = time.perf_counter()
-                self.profile = step_profile.measure(
+                measured = step_profile.measure(
                     lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model,
                     self.blocks, size, _storages(self.bits, self.exact), self._split(),
-                    self.spill_dir, room=(limit - floor) * (1 - SAFETY),
+                    self.spill_dir, room=(limit - floor) * (1 - SAFETY) - SAFETY_BYTES,
                     paged=self._context("paged"), bits=self.bits,
                     budgeted=None if self.exact else self._context("budget"))
+                self._profiles[units] = dataclasses.replace(measured, units=units)
                 seconds["profile"] = time.perf_counter() - t0
-                floor = step_profile.floor()  # the probes' lazy state (libraries, heap)
+                floor = self._floor()  # the probes' lazy state (libraries, heap)
             last = self.plan
-            plan = self._plan_for(size, limit, floor)
+            plan = self._plan_for(size, units, limit, floor)
             if lowered or plan != last:  # give back the pages a larger plan or probes kept
                 _release_kept_pages()
         probes = before.nbytes if "profile" in seconds else 0
@@ -203,13 +213,43 @@ class Step:
         return not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
                        for m in self.model.modules())
 
-    def _plan_for(self, size, limit, floor) -> limit_plan.Plan:
+    def _floor(self) -> int:
+        """The floor the step plans from: what the process holds now, plus the state the
+        optimizer's next step will create (the whole loop must fit, not this step alone)."""
+        return step_profile.floor() + optimizer_state.pending_bytes(self.optimizer)
+
+    def _profile_at(self, units: float):
+        """The profile for samples of `units` elements: the measured one of the smallest
+        shape at least as large, scaled down (linearly: an upper bound); else the largest
+        measured, scaled up as a square (an upper bound for what grows with a sequence's
+        length); None before any profile."""
+        if not self._profiles:
+            return None
+        larger = [u for u in self._profiles if u >= units]
+        base = self._profiles[min(larger) if larger else max(self._profiles)]
+        return limit_plan.scaled(base, units)
+
+    def _needs_probes(self, units: float, limit: int, floor: int) -> bool:
+        """Probe the model at this shape where no measured shape is as large; but only where
+        one sample of it is predicted to fit (probes grow from small to large and stop before
+        the limit: a sample predicted not to fit is refused by the plan, unprobed)."""
+        if any(u >= units for u in self._profiles):
+            return False
+        known = self._profile_at(units)
+        if known is None:
+            return True
+        one = limit_plan.predict(dataclasses.replace(known, batch=1), 1, (),
+                                 limit_plan.PLAIN).peak
+        return one <= (limit - floor) * (1 - SAFETY) - SAFETY_BYTES
+
+    def _plan_for(self, size, units, limit, floor) -> limit_plan.Plan:
         if self.frozen and self.plan is not None:
             return self.plan
         if limit is None:
             self.plan = limit_plan.Plan()
             return self.plan
-        profile = dataclasses.replace(self.profile, batch=size)
+        profile = dataclasses.replace(self._profile_at(units), batch=size, split=self._split())
+        self.profile = profile
         room = limit - floor
         available = room * (1 - SAFETY) - SAFETY_BYTES
         self._available = available
@@ -217,11 +257,17 @@ class Step:
         plan = self._stay(plan, profile, available)
         if plan is None:
             needed = self._needed(profile, floor)
+            state = optimizer_state.pending_bytes(self.optimizer)
+            held = (f"the process holds {(floor - state) / MiB:.0f} MiB before the step and "
+                    f"the optimizer's first step will add {state / MiB:.0f} MiB" if state else
+                    f"the process holds {floor / MiB:.0f} MiB before the step")
+            hint = "" if self.optimizer is not None else (
+                " (pass optimizer= to Step so that the first step plans for the state the "
+                "optimizer creates)")
             raise MemoryLimitError(
-                f"no plan fits a limit of {limit / MiB:.1f} MiB: the process holds "
-                f"{floor / MiB:.0f} MiB before the step, and the smallest plan for a batch of "
-                f"{size} needs about {-(-needed // MiB)} MiB in all; nothing was added to .grad",
-                needed)
+                f"no plan fits a limit of {limit / MiB:.1f} MiB: {held}, and the smallest plan "
+                f"for a batch of {size} needs about {-(-needed // MiB)} MiB in all; nothing was "
+                f"added to .grad{hint}", needed)
         self.plan = plan
         return plan
 
@@ -253,7 +299,7 @@ class Step:
         room = (limit - floor) * (1 - SAFETY) - SAFETY_BYTES
         if self.profile is None or self._available is None:
             return int(max(0, room))
-        profile = dataclasses.replace(self.profile, batch=size)
+        profile = self.profile
         storage = next(s for s in profile.storages if s.name == "budget")
         b = -(-size // plan.micro_batches)
         held = b * storage.ratio * limit_plan.held_bytes(profile, plan.recompute)
@@ -270,7 +316,7 @@ class Step:
         before the first step under a limit has profiled the model."""
         if self.profile is None:
             return None
-        return self._needed(self.profile, step_profile.floor())
+        return self._needed(self.profile, self._floor())
 
     def _loss(self, micro_batch):
         return mb.loss_and_weight(self.loss_fn(self.model, micro_batch))
@@ -299,80 +345,39 @@ class Step:
                 self._in_flight = ctx
         params = [p for p in self.model.parameters() if p.requires_grad]
         state = blocks_mod.Running(plan.recompute)
-        no_sync = getattr(self.model, "no_sync", None)
-        total, weights, stash, done = None, 0.0, None, 0
-        forward = backward = 0.0
+        storage = self._context(plan.storage)
+
+        def run(start: int, stop: int):
+            if plan.storage == "plain":  # compress_saved ends a period itself
+                stores.new_step(None)  # a period of the store per micro-batch
+            with blocks_mod.running(state), storage:
+                return self._loss(mb.take(batch, size, start, stop))
+
         t_all = time.perf_counter()
         try:
+            shares = loss_weights.shares(self.model, batch, size, ranges,
+                                         self.loss_fn is mb.default_loss)
             with resident.Peak() as peak:
-                for j, (start, stop) in enumerate(ranges):
-                    last = j == len(ranges) - 1
-                    sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
-                    try:
-                        with sync:
-                            t0 = time.perf_counter()
-                            if plan.storage == "plain":  # compress_saved ends a period itself
-                                stores.new_step(None)  # a period of the store per micro-batch
-                            with blocks_mod.running(state), self._context(plan.storage):
-                                loss, weight = self._loss(mb.take(batch, size, start, stop))
-                            weighted = weight is not None
-                            t1 = time.perf_counter()
-                            if weighted:
-                                if stash is None:  # set aside what .grad held before the step
-                                    stash = {p: p.grad for p in params}
-                                    for p in params:
-                                        p.grad = None
-                                before, weights = weights, weights + weight
-                                if before > 0 and weights > 0:
-                                    with torch.no_grad():
-                                        for p in params:
-                                            if p.grad is not None:
-                                                p.grad.mul_(before / weights)
-                                scale = weight / weights if weights > 0 else 0.0
-                            else:
-                                weight = (stop - start) / size
-                                weights += weight
-                                scale = weight
-                            scaled = loss * scale
-                            if self.scaler is not None:
-                                scaled = self.scaler.scale(scaled)
-                            scaled.backward()
-                            forward += t1 - t0
-                            backward += time.perf_counter() - t1
-                        part = loss.detach() * scale
-                        total = part if total is None else total * (1 - scale) + part \
-                            if weighted else total + part
-                        done += 1
-                        del loss, scaled
-                    except BaseException as exc:
-                        if stash is not None:
-                            _restore(stash)
-                        if hasattr(exc, "add_note"):
-                            exc.add_note(
-                                f"actcodec.torch.Step: raised in micro-batch {j + 1} of "
-                                f"{len(ranges)}; {done} micro-batch(es) ({start} of {size} "
-                                f"samples) were already accumulated into .grad")
-                        raise
+                done = accumulate.accumulate(run, ranges, shares, params, scaler=self.scaler,
+                                             no_sync=getattr(self.model, "no_sync", None))
         finally:
             with self._lock:
                 self._in_flight = None
-        if stash is not None:
-            _restore(stash)
-        seconds.update(forward=forward, backward=backward,
+        seconds.update(forward=done.forward, backward=done.backward,
                        total=time.perf_counter() - t_all + seconds.get("profile", 0.0))
         measured = max(0, peak.nbytes - floor)
         self.stats = StepStats(peak=max(peak.nbytes, probes), floor=floor, limit=limit,
                                predicted=int(floor + plan.peak), micro_batches=len(ranges),
                                seconds=seconds)
         self._learn(plan, measured, size)
-        return total
+        return done.loss
 
     def _learn(self, plan, measured: int, size: int) -> None:
         """The measured peak judges this plan from now on (its largest), and calibrates how
         far plans not yet run trust the model (see limit_plan.Measured)."""
         if self.frozen or self.profile is None or plan.peak <= 0:
             return
-        profile = dataclasses.replace(self.profile, batch=size)
+        profile = self.profile
         key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage)
         storage = next(s for s in profile.storages if s.name == plan.storage)
         model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage).peak
@@ -394,6 +399,20 @@ class Step:
                 f"predicted peak {plan.peak / MiB:.0f} MiB above the floor")
 
 
+def _no_cache(model, batch):
+    """A dict batch for a model whose forward takes `use_cache` (transformers' language
+    models) runs with use_cache=False unless it says otherwise: training needs no cache, and
+    a block recomputed in backward would append its keys to the cache a second time (as
+    transformers does under gradient checkpointing)."""
+    if not isinstance(batch, dict) or "use_cache" in batch:
+        return batch
+    try:
+        takes = "use_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return batch
+    return {**batch, "use_cache": False} if takes else batch
+
+
 def _give_back_free(limit: int) -> None:
     """The plan counts on what the allocators hold free being reused, but it is resident:
     where the process is at the limit before the step starts (pages the store kept from an
@@ -410,16 +429,3 @@ def _release_kept_pages() -> None:
     stores.new_step(None)
     stores.new_step(None)
 
-
-def _restore(stash: dict) -> None:
-    """Adds back what .grad held before the step (set aside for weighted micro-batches)."""
-    with torch.no_grad():
-        for p, g in stash.items():
-            if g is None:
-                continue
-            if p.grad is None:
-                p.grad = g
-            else:
-                g.add_(p.grad)
-                p.grad = g
-    stash.clear()

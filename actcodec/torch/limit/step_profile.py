@@ -132,13 +132,17 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                      for m in model.modules()) else 1
     k = min(batch, least if split else max(least, batch // 8))
     every = tuple(range(len(blocks)))
+    beyond = False  # a probe went past the room: no larger one runs (see below)
     try:
         probe(run_loss, params, k)
         one = probe(run_loss, params, k)
         two = one
-        # (where one probe is already beyond the room, no plan of whole samples fits: 2k
-        # then only makes the smallest limit named in the error right)
-        if batch >= 2 * k and (room is None or 2 * one.peak <= room or one.peak > room):
+        if room is not None and one.peak > room:
+            # k samples already went past the room: no plan of whole samples fits, and every
+            # further probe would go past it again (a process under a cgroup or a phone's
+            # memory killer does not survive that), so the profile is what one size says
+            beyond = True
+        elif batch >= 2 * k and (room is None or 2 * one.peak <= room):
             probe(run_loss, params, 2 * k)  # the second of each size: the store has learned
             two = probe(run_loss, params, 2 * k)
         elif batch >= 2 * k and k // 2 >= least:
@@ -147,19 +151,19 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             k //= 2
             probe(run_loss, params, k)
             one = probe(run_loss, params, k)
-        if every:  # every block recomputed: how much of a cut in what is held the peak sees
-            probe(run_loss, params, k, every)
+        if every and not beyond:  # every block recomputed: how much of a cut in what is
+            probe(run_loss, params, k, every)  # held the peak sees
             lean = probe(run_loss, params, k, every)
         bare = []  # everything paged out: what the step needs whatever it holds
-        if paged is not None:
+        if paged is not None and not beyond:
             for size in sorted({k, two.samples}):
                 probe(run_loss, params, size, storage=paged)
                 bare.append(probe(run_loss, params, size, storage=paged))
         timed = {}  # storages whose cost a probe measures: beside the codec, their bookkeeping
-        if paged is not None:
+        if bare:
             timed["paged"] = bare[0].seconds
         budget_probe = None
-        if budgeted is not None:  # a budget of half the full size: it learns and plans
+        if budgeted is not None and not beyond:  # a budget of half the full size
             budgeted.budget = sum(one.saved.values()) // 2
             probe(run_loss, params, k, storage=budgeted)
             budget_probe = probe(run_loss, params, k, storage=budgeted)
@@ -179,6 +183,8 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
              for key in {*one.saved, *two.saved}}
     work = max(0.0, slope - sum(saved.values()))
     least = per_sample(bare[0].peak, bare[-1].peak) if bare else 0.0
+    if beyond:  # nothing below what k samples peaked at was measured: no plan is trusted
+        least = per_sample(one.peak, two.peak)  # to go below it
     # From the second micro-batch on, the gradients the first left in .grad stay for the
     # whole of each (in a probe they only build up during backward)
     grads = sum(p.numel() * p.element_size() for p in params if p.grad is None)
@@ -191,7 +197,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
         else 0.0
     effect = 1.0
-    if found:
+    if found and not beyond:
         cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
         if cut > 0:
             effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))

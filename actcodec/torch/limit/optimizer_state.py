@@ -1,0 +1,42 @@
+"""The state an optimizer's next `step()` will create: a limit accepted at the first training
+step must still hold at the second, after AdamW has made its two moments. What exists
+already is in the process's floor; only the state not yet made is counted here."""
+from __future__ import annotations
+
+import torch
+
+# Tensors of a parameter's size each optimizer keeps per parameter (torch.optim's own, by
+# class name); one not named here is counted as Adam's two, which covers the common ones.
+PER_PARAMETER = {"SGD": 0, "Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2,
+                 "Adagrad": 1, "Adadelta": 2, "RMSprop": 1, "ASGD": 1, "Rprop": 2,
+                 "SparseAdam": 2, "LBFGS": 2, "Adafactor": 1}
+UNKNOWN = 2
+
+
+def tensors_per_parameter(optimizer, group: dict) -> int:
+    name = type(optimizer).__name__
+    n = PER_PARAMETER.get(name, UNKNOWN)
+    if name == "SGD" and group.get("momentum", 0):
+        n = 1
+    if name in ("Adam", "AdamW") and group.get("amsgrad", False):
+        n += 1
+    if name == "RMSprop":
+        n += bool(group.get("momentum", 0)) + bool(group.get("centered", False))
+    return n
+
+
+def pending_bytes(optimizer) -> int:
+    """Bytes the optimizer's state will add at its next step for the parameters it has no
+    state for yet (0 for None, and once every parameter has its state)."""
+    if optimizer is None:
+        return 0
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    total = 0
+    for group in optimizer.param_groups:
+        n = tensors_per_parameter(optimizer, group)
+        for p in group["params"]:
+            if p.requires_grad and not optimizer.state.get(p):
+                total += n * p.numel() * p.element_size()
+    return total

@@ -1,0 +1,59 @@
+"""A training loop under Step(limit=...) in its own process, for tests/test_step_limit_holds.py:
+a transformers GPT-2 (random init) fed batches of varying samples and lengths with padded
+labels, AdamW through `optimizer=`. Prints one JSON line per event on stdout; the parent
+samples this process's RSS from outside and compares it with the limit.
+
+argv: room_mib (the limit is the floor after setup plus this), then the batches as
+samples x tokens (e.g. 4x64 4x64 12x192 2x32)."""
+import json
+import sys
+
+import torch
+import transformers
+
+import actcodec.torch as act
+from actcodec import resident
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def batch(samples, tokens, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (samples, tokens), generator=g)
+    lengths = torch.randint(max(1, tokens // 4), tokens + 1, (samples,), generator=g)
+    lengths[0] = tokens  # the longest sets the padded length, as a collator's does
+    mask = (torch.arange(tokens)[None, :] < lengths[:, None]).long()
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def main():
+    room = int(sys.argv[1])
+    shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2:]]
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=1024,
+                                  n_positions=512, attn_implementation="eager")
+    model = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [batch(n, t, cfg.vocab_size, i) for i, (n, t) in enumerate(shapes)]
+    limit = resident.live() + room * (1 << 20)
+    say(event="start", limit=limit)
+    step = act.Step(model, limit=limit, optimizer=opt, exact=True)
+    for i, b in enumerate(batches):
+        try:
+            loss = step(b)
+        except act.MemoryLimitError as e:
+            say(event="refused", step=i, needed=e.needed, message=str(e))
+            opt.zero_grad()
+            continue
+        opt.step()
+        opt.zero_grad()
+        say(event="step", step=i, shape=list(b["input_ids"].shape), loss=float(loss),
+            plan=step.describe(), peak=step.stats.peak)
+    say(event="done")
+
+
+if __name__ == "__main__":
+    main()
