@@ -54,7 +54,7 @@ def run(config: str, s: dict, data: str) -> dict:
     import torch.nn.functional as F
 
     import actcodec.torch as act
-    from actcodec import resident
+    from .process_memory import Sampler
 
     torch.set_num_threads(s["threads"])
     x_train, y_train, x_test, y_test = demo_text.data(data)
@@ -67,29 +67,33 @@ def run(config: str, s: dict, data: str) -> dict:
         return F.cross_entropy(m(x).flatten(0, 1), y.flatten())
 
     limit = config[len("limit="):] if config.startswith("limit=") else None
-    step = act.Step(model, limit=limit, loss_fn=loss_fn) if limit is not None else None
+    step = act.Step(model, limit=limit, loss_fn=loss_fn, optimizer=opt) \
+        if limit is not None else None
     peaks, times, losses = [], [], []
+    # every step's peak (the optimizer's step included) as a thread that resets no counter
+    # reads it, the same way for every configuration: not what Step reports of itself
+    sampler = Sampler(period=0.001)
+    sampler.start()
+    sampler.on = True
     for i in range(s["steps"]):
         idx = order[(i * s["batch_size"]) % len(order):][:s["batch_size"]]
         batch = (x_train[idx], y_train[idx])
         t0 = time.perf_counter()
+        sampler.take_rss()
         if step is None:
-            with resident.Peak() as p:
-                loss = loss_fn(model, batch)
-                loss.backward()
-            peak = p.nbytes
+            loss = loss_fn(model, batch)
+            loss.backward()
         else:
             try:
                 loss = step(batch)
             except act.MemoryLimitError as exc:
+                sampler.stop.set()
                 return {"config": config, "limit": step.limit, "error": str(exc),
                         "needed": exc.needed, "step_peaks": peaks}
-            peak = step.stats.peak
-        with resident.Peak() as p:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
-        peaks.append(max(peak, p.nbytes))
+        peaks.append(sampler.take_rss())
         losses.append(float(loss.detach()))
         print(f"    {config} step {i + 1}/{s['steps']}: loss {losses[-1]:.3f}, peak "
               f"{peaks[-1] / MiB:.0f} MiB, {times[-1]:.1f} s", flush=True)

@@ -156,7 +156,8 @@ def format_table(results: list[dict]) -> str:
             computed = base["saved_bytes"] - r["saved_bytes"]
             if abs(computed) >= MiB:
                 ratio = f"{(base['peak_rss'] - r['peak_rss']) / computed:.2f}"
-        lines.append(f"| {r['config']} | {r['saved_bytes'] / MiB:.0f} | "
+        saved = "-" if r["saved_bytes"] is None else f"{r['saved_bytes'] / MiB:.0f}"
+        lines.append(f"| {r['config']} | {saved} | "
                      f"{r['peak_rss'] / MiB:.0f} | {r['peak_live'] / MiB:.0f} | "
                      f"{r['peak_rss'] / max(r['peak_live'], 1):.2f} | {r['step_ms']:.0f} | "
                      f"{ratio} |")

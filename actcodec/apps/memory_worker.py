@@ -83,13 +83,20 @@ def _run_limited(model, loss_fn, config: str, limit: str, warm_up: int, steps: i
                  allocator: bool, opt) -> dict:
     """A "limit=SIZE" configuration: every step through actcodec.torch.Step, each step's own
     peak RSS (the first included) against the limit."""
-    step = act.Step(model, limit=limit, loss_fn=loss_fn.batch_loss, allocator=allocator)
-    sampler = Sampler()
+    if getattr(loss_fn, "batch", None) is None:
+        raise SystemExit(
+            "limit=: Step splits a batch, so the model's loss_fn must carry it: set "
+            "loss_fn.batch (a tensor, tuple or dict of tensors) and, unless the batch is a dict "
+            "that model(**batch).loss takes, loss_fn.batch_loss(model, batch)")
+    step = act.Step(model, limit=limit, loss_fn=getattr(loss_fn, "batch_loss", None),
+                    allocator=allocator, optimizer=opt)
+    sampler = Sampler(period=0.001)
     sampler.start()
     sampler.on = True
     times, peaks, plans = [], [], []
     for i in range(warm_up + steps):
         t0 = time.perf_counter()
+        sampler.take_rss()
         try:
             step(loss_fn.batch)
         except act.MemoryLimitError as exc:
@@ -98,7 +105,9 @@ def _run_limited(model, loss_fn, config: str, limit: str, warm_up: int, steps: i
                     "needed": exc.needed, "step_peaks": peaks}
         opt.step()
         opt.zero_grad(set_to_none=True)
-        peaks.append(step.stats.peak)
+        # the step's peak as this process's own sampler read it, the optimizer's step
+        # included (not Step's report of itself)
+        peaks.append(sampler.take_rss())
         plans.append(step.describe())
         if i >= warm_up:
             times.append(time.perf_counter() - t0)
@@ -106,6 +115,6 @@ def _run_limited(model, loss_fn, config: str, limit: str, warm_up: int, steps: i
     sampler.join()
     return {"config": config, "limit": step.limit, "peak_rss": max(peaks),
             "floor_rss": step.stats.floor, "peak_live": sampler.peak_live,
-            "step_ms": statistics.median(times) * 1e3, "saved_bytes": 0,
+            "step_ms": statistics.median(times) * 1e3, "saved_bytes": None,
             "step_peaks": peaks, "plan": plans[-1], "plans": plans,
             "within": all(p <= step.limit for p in peaks)}

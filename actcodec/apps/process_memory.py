@@ -10,15 +10,24 @@ from actcodec.resident import (heap, held_free, live, peak_rss, reset_peak,  # n
 
 
 class Sampler(threading.Thread):
-    """The peak of live bytes (RSS less held_free), read every `period` seconds."""
+    """The peak of live bytes (RSS less held_free) and of RSS, read every `period` seconds
+    by this thread alone (it resets no counter, so it sees what the code it measures does
+    not report); `take_rss()` ends one span of RSS readings and starts the next."""
 
     def __init__(self, period: float = 0.002):
         super().__init__(daemon=True)
         self.period, self.peak_live, self.on = period, 0, False
+        self.span_rss = 0
         self.stop = threading.Event()
 
     def run(self):
         while not self.stop.is_set():
             if self.on:
                 self.peak_live = max(self.peak_live, live())
+                self.span_rss = max(self.span_rss, rss())
             time.sleep(self.period)
+
+    def take_rss(self) -> int:
+        """The largest RSS read since the last call (or the start), and RSS now."""
+        out, self.span_rss = max(self.span_rss, rss()), 0
+        return out
