@@ -1,7 +1,9 @@
-"""A batch in micro-batches: a tensor, a tuple/list or a dict of tensors (other values pass
-through whole); every tensor whose first dimension is the batch size is sliced, the rest are
+"""A batch in micro-batches: a tensor, a tuple/list or a dict of tensors (any mapping, such as
+the BatchEncoding transformers' collators return; other values pass through whole); every tensor whose first dimension is the batch size is sliced, the rest are
 passed as they are. And the loss a micro-batch's `loss_fn` gives, checked."""
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 
@@ -9,7 +11,7 @@ import torch
 def _tensors(batch):
     if isinstance(batch, torch.Tensor):
         return [batch]
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return [v for v in batch.values() if isinstance(v, torch.Tensor)]
     if isinstance(batch, (tuple, list)):
         return [v for v in batch if isinstance(v, torch.Tensor)]
@@ -57,7 +59,7 @@ def take(batch, size: int, start: int, stop: int):
 
     if isinstance(batch, torch.Tensor):
         return cut(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: cut(v) for k, v in batch.items()}
     if isinstance(batch, list):
         return [cut(v) for v in batch]
@@ -68,7 +70,7 @@ def take(batch, size: int, start: int, stop: int):
 
 def default_loss(model, batch):
     """A dict batch's loss: `model(**batch).loss` (transformers' models given labels)."""
-    if not isinstance(batch, dict):
+    if not isinstance(batch, Mapping):
         raise TypeError(f"Step needs loss_fn(model, micro_batch) for a batch that is not a "
                         f"dict (got {type(batch).__name__})")
     out = model(**batch)

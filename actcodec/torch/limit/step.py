@@ -106,7 +106,14 @@ class Step:
     (statistics per micro-batch); batch_size: the batch dimension's length where the first
     tensor does not have it; plan: a Plan (or its dict) to run every step instead of solving
     (numerics then do not change with timing); scaler: a torch GradScaler; allocator: install
-    actcodec's torch allocator (see compress_saved)."""
+    actcodec's torch allocator (see compress_saved).
+
+    Micro-batches add up to the full batch's gradient: each loss is weighted by what it
+    averages over. The default loss of a dict batch with `labels` by its targets (labels
+    not -100, after a causal LM's shift by one), or, with `num_items_in_batch` in the batch
+    (the loss then a sum over that count), not at all: the micro-batches add; a loss_fn's
+    plain loss by its samples, its (loss, weight) by the weight. A micro-batch without a
+    target adds nothing. An exception in a step leaves .grad as it was before it."""
 
     def __init__(self, model: torch.nn.Module, limit=None, *, loss_fn=None, bits: int = 8,
                  exact: bool = False, spill_dir: str | None = None,

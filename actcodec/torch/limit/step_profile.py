@@ -186,8 +186,9 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     if beyond:  # nothing below what k samples peaked at was measured: no plan is trusted
         least = per_sample(one.peak, two.peak)  # to go below it
     # From the second micro-batch on, the gradients the first left in .grad stay for the
-    # whole of each (in a probe they only build up during backward)
-    grads = sum(p.numel() * p.element_size() for p in params if p.grad is None)
+    # whole of each (in a probe they only build up during backward). A step's gradients are
+    # always new: what .grad held before is set aside, not added to (limit/accumulate.py)
+    grads = sum(p.numel() * p.element_size() for p in params)
     fixed = max(0.0, one.peak - slope * k) + grads
     found = [limit_plan.Block(saved=saved.get(i, 0.0),
                               inputs=per_sample(one.state.inputs.get(i, 0),

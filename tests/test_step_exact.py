@@ -1,0 +1,299 @@
+"""act.Step's micro-batches give the plain full-batch gradient for the losses people use
+(transformers' mean over target tokens, padded labels of -100, a causal LM's shift,
+sequence-level labels, `num_items_in_batch`, a loss_fn's (loss, weight)), also where a
+micro-batch holds no target; and an exception anywhere in a step leaves .grad as it was.
+Tiny transformers models built from configs (random init, nothing downloaded)."""
+import torch
+import torch.nn.functional as F
+import pytest
+from torch import nn
+
+import actcodec.torch as act
+from actcodec.torch.limit import loss_weights
+
+tf = pytest.importorskip("transformers")
+
+VOCAB, PAD = 128, 127
+
+
+def gpt2(seed=0):
+    torch.manual_seed(seed)
+    return tf.GPT2LMHeadModel(tf.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=VOCAB, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=PAD))
+
+
+def llama(seed=0):
+    torch.manual_seed(seed)
+    return tf.LlamaForCausalLM(tf.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+        bos_token_id=0, eos_token_id=0, pad_token_id=PAD))
+
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+
+
+def padded(lengths, width=16, seed=1):
+    """A right-padded batch as Hugging Face collators give it: rows of `lengths` tokens,
+    the rest PAD, masked out, and labelled -100 (a length of 0: a row with no target)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, PAD, (len(lengths), width), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    ids[mask == 0] = PAD
+    mask[:, 0] = 1  # every row attends to something (a row of no token is all padding)
+    labels = ids.masked_fill(torch.arange(width) >= torch.tensor(lengths)[:, None], -100)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def flat_grad(m):
+    return torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
+
+
+def plain(make, batch):
+    m = make()
+    loss = m(**batch).loss
+    loss.backward()
+    return loss.detach(), flat_grad(m)
+
+
+def assert_same(got, want, rel=1e-5):
+    assert torch.isfinite(got).all(), "NaN or inf in .grad"
+    assert F.cosine_similarity(got, want, dim=0) >= 0.99999
+    assert (got - want).norm() / want.norm() < rel
+
+
+CASES = {
+    # 3 micro-batches of 2, 2, 1 rows, lengths all different
+    "uneven": ([16, 3, 9, 12, 5], 3),
+    # the padding all in the first micro-batch: its rows have a few tokens, the other's all
+    "concentrated": ([2, 3, 1, 16, 16, 16], 2),
+    # the last micro-batch holds no target (its loss is NaN in transformers)
+    "last_without_target": ([16, 7, 12, 9, 0, 1], 3),  # (a row of 1 token has no target)
+    "first_without_target": ([1, 0, 16, 7, 12, 9], 3),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", MODELS)
+def test_padded_labels_give_the_plain_gradient(name, case):
+    lengths, k = CASES[case]
+    batch = padded(lengths)
+    m = MODELS[name]()
+    step = act.Step(m, plan={"micro_batches": k})
+    loss = step(batch)
+    want_loss, want = plain(MODELS[name], batch)
+    assert step.stats.micro_batches == k
+    assert_same(flat_grad(m), want)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
+
+
+def test_the_causal_shift_is_read_from_the_model():
+    assert loss_weights.shifts_labels(gpt2()) and loss_weights.shifts_labels(llama())
+    cls = tf.GPT2ForSequenceClassification(tf.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB, pad_token_id=PAD))
+    assert not loss_weights.shifts_labels(cls)
+    batch = padded([16, 3, 0])
+    # a causal LM's row of n tokens has n - 1 targets; a row of 1 or 0 has none
+    assert loss_weights.targets(gpt2(), batch) == 15 + 2
+    assert loss_weights.targets(cls, batch) == 16 + 3
+    given = {**batch, "shift_labels": torch.full((3, 16), -100)}
+    given["shift_labels"][0, :4] = 1  # shifted by the collator: counted as they are
+    assert loss_weights.targets(gpt2(), given) == 4
+
+
+def test_sequence_level_labels_weigh_by_the_labels_not_ignored():
+    def make():
+        torch.manual_seed(0)
+        return tf.GPT2ForSequenceClassification(tf.GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, num_labels=3,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=PAD))
+
+    batch = padded([16, 3, 9, 12, 5, 7])
+    batch["labels"] = torch.tensor([2, -100, -100, -100, 0, 1])  # 1 of 3, then 2 of 3
+    m = make()
+    act.Step(m, plan={"micro_batches": 2})(batch)
+    assert_same(flat_grad(m), plain(make, batch)[1])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_num_items_in_batch_makes_the_micro_batches_add_up(name):
+    # as transformers' Trainer passes it: the loss is a sum over the given count, here of
+    # a larger batch (gradient accumulation); a micro-batch without a target adds 0
+    batch = {**padded([16, 7, 12, 9, 0, 1]), "num_items_in_batch": torch.tensor(97)}
+    m = MODELS[name]()
+    loss = act.Step(m, plan={"micro_batches": 3})(batch)
+    want_loss, want = plain(MODELS[name], batch)
+    assert_same(flat_grad(m), want)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
+
+
+def test_a_loss_fn_weight_of_zero_adds_nothing_even_where_its_loss_is_nan():
+    def masked_mse(m, b):
+        x, y, keep = b
+        err = (m(x).squeeze(-1) - y) ** 2 * keep
+        return err.sum() / keep.sum(), keep.sum()  # 0/0 where nothing is kept
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 1))
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(9, 4, generator=g), torch.randn(9, generator=g)
+    keep = torch.tensor([1.0, 1, 0, 1, 1, 1, 0, 0, 0])  # the last micro-batch keeps nothing
+    m = make()
+    loss = act.Step(m, loss_fn=masked_mse, plan={"micro_batches": 3})((x, y, keep))
+    ref = make()
+    want_loss = masked_mse(ref, (x, y, keep))[0]
+    want_loss.backward()
+    assert_same(flat_grad(m), flat_grad(ref))
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
+
+
+def test_a_micro_batch_without_a_target_keeps_ddp_in_sync(tmp_path):
+    """Under DistributedDataParallel (gloo, one rank) the last micro-batch run reduces the
+    gradients: where the plan's last holds no target, the last that does takes the sync.
+    A step that left DDP without its reduction fails at the next forward."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        model = nn.parallel.DistributedDataParallel(gpt2())
+        calls = []
+
+        def counting(state, bucket):
+            calls.append(1)
+            fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0])
+
+        model.register_comm_hook(None, counting)
+        batch = padded([16, 7, 12, 9, 0, 1])
+        step = act.Step(model, plan={"micro_batches": 3})
+        for _ in range(2):
+            calls.clear()
+            model.zero_grad(set_to_none=True)
+            step(batch)
+            assert calls, "no all-reduce: DDP did not sync"
+            assert_same(flat_grad(model), plain(gpt2, batch)[1])
+    finally:
+        dist.destroy_process_group()
+
+
+# -- an exception anywhere in a step leaves .grad as it was ---------------------------------
+class Fail(Exception):
+    pass
+
+
+def failing_at(call, loss_fn):
+    calls = []
+
+    def wrapped(m, b):
+        calls.append(1)
+        if len(calls) == call:
+            raise Fail("the loss broke")
+        return loss_fn(m, b)
+
+    return wrapped
+
+
+def mse(m, b):
+    return F.mse_loss(m(b[0]).squeeze(-1), b[1])
+
+
+def weighted_mse(m, b):
+    return mse(m, b), len(b[0])
+
+
+def small(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 1))
+
+
+def xy(n=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=g), torch.randn(n, generator=g)
+
+
+@pytest.mark.parametrize("loss_fn", [mse, weighted_mse], ids=["mean", "weighted"])
+@pytest.mark.parametrize("held", [False, True], ids=["grad_none", "grad_held"])
+@pytest.mark.parametrize("call", [2, 3])
+def test_an_exception_leaves_grad_exactly_as_it_was(loss_fn, held, call):
+    m = small()
+    if held:
+        mse(m, xy(seed=5)).backward()
+    before = [p.grad for p in m.parameters()]
+    values = [None if g is None else g.clone() for g in before]
+    step = act.Step(m, loss_fn=failing_at(call, loss_fn), plan={"micro_batches": 3})
+    with pytest.raises(Fail) as err:
+        step(xy())
+    assert any(f"micro-batch {call} of 3" in n and ".grad is as it was" in n
+               for n in err.value.__notes__)
+    for p, g, v in zip(m.parameters(), before, values):
+        assert p.grad is g  # the very tensors (no copy was made), or None
+        assert g is None or torch.equal(g, v)
+    # the next step runs normally and adds to what .grad held
+    step.loss_fn = loss_fn
+    step(xy())
+    ref = small()
+    if held:
+        mse(ref, xy(seed=5)).backward()
+    mse(ref, xy()).backward()
+    assert_same(flat_grad(m), flat_grad(ref))
+
+
+def test_an_exception_in_backward_leaves_grad_as_it_was():
+    m = gpt2()
+    batch = padded([16, 7, 12, 9])
+    m(**batch).loss.backward()
+    values = [p.grad.clone() for p in m.parameters()]
+    calls = []
+
+    def hook(module, grad_in, grad_out):
+        calls.append(1)
+        if len(calls) == 2:  # the second micro-batch's backward
+            raise Fail("backward broke")
+
+    handle = m.lm_head.register_full_backward_hook(hook)
+    with pytest.raises(Fail) as err:
+        act.Step(m, plan={"micro_batches": 2})(batch)
+    handle.remove()
+    assert any("micro-batch 2 of 2" in n for n in err.value.__notes__)
+    assert all(torch.equal(p.grad, v) for p, v in zip(m.parameters(), values))
+
+
+# -- a plain loop over a DataLoader with a padding collator ----------------------------------
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {f"w{i}": i for i in range(PAD)}
+    vocab["<pad>"] = PAD
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_dataloader_loop_with_a_padding_collator_gives_plain_gradients(name):
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 24, (20,), generator=g).tolist()
+    texts = [{"input_ids": torch.randint(0, PAD, (n,), generator=g).tolist()}
+             for n in lengths]
+    collate = tf.DataCollatorForLanguageModeling(tokenizer(), mlm=False)
+    loader = torch.utils.data.DataLoader(texts, batch_size=5, collate_fn=collate)
+    m, ref = MODELS[name](), MODELS[name]()
+    step = act.Step(m, plan={"micro_batches": 3})
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for batch in loader:
+        assert (batch["labels"] == -100).any()
+        step(batch)
+        ref(**batch).loss.backward()
+        assert_same(flat_grad(m), flat_grad(ref))
+        opt.step(), ref_opt.step()
+        opt.zero_grad(), ref_opt.zero_grad()
+        with torch.no_grad():  # the same start for the next batch's comparison
+            for p, q in zip(m.parameters(), ref.parameters()):
+                p.copy_(q)
