@@ -87,7 +87,11 @@ def test_two_threads_training_two_models_see_only_their_own_modules():
 
 def test_a_budget_set_later_pages_out_where_the_context_was_told(tmp_path):
     missing = tmp_path / "no such directory"
+    with pytest.raises(FileNotFoundError, match="no such directory"):  # checked when built
+        compress_saved(Policy(bits=None, min_bytes=0), spill_dir=str(missing))
+    missing.mkdir()
     ctx = compress_saved(Policy(bits=None, min_bytes=0), spill_dir=str(missing))
+    missing.rmdir()
     ctx.budget = 0  # from here every save is paged out: to spill_dir, or nowhere
     x = torch.randn(64, 1024, requires_grad=True)
     with pytest.raises(FileNotFoundError, match="no such directory"):
@@ -122,7 +126,7 @@ def test_a_full_disk_while_paging_out_raises_and_leaves_the_context_whole(monkey
     import gc
     import os
 
-    from actcodec.torch.budget import keeper
+    from actcodec.torch.budget import spill
 
     x = torch.randn(64, 1024, requires_grad=True)
     ctx = compress_saved(Policy(bits=None, min_bytes=0), budget=0)
@@ -134,14 +138,14 @@ def test_a_full_disk_while_paging_out_raises_and_leaves_the_context_whole(monkey
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, data, offset)
 
-    monkeypatch.setattr(keeper.os, "pwrite", full)
+    monkeypatch.setattr(spill.os, "pwrite", full)
     with pytest.raises(OSError, match="No space left"):
         with ctx:
             (x * 1.0).exp().sin().cos().sum()
     gc.collect()
     assert ctx.stats.stored_bytes == 0  # what the failed step held is released with it
     assert ctx.limit.keeper.spill.live == 0  # and the save it paged out before the failure
-    monkeypatch.setattr(keeper.os, "pwrite", real)
+    monkeypatch.setattr(spill.os, "pwrite", real)
     with ctx:
         loss = (x * 1.0).exp().sin().cos().sum()
     assert ctx.stats.spilled == 2 and ctx.stats.stored_bytes == 0

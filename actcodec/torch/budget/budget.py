@@ -24,7 +24,8 @@ step hold more bytes for backward than the budget (`stats.peak_stored_bytes`).
   that lose least per byte freed are re-encoded a step down, to MIN_BITS at most; when that is
   not enough, the least important per byte are paged out to a temporary file and read back in
   backward (PORT/POET-style paging). Lowering `ctx.budget`, from any thread, makes room at
-  once the same way. A budget of 0 holds nothing in memory: every save is paged out as it
+  once the same way; `ctx.request_budget` leaves that to the thread that saves, at its next
+  save (Step's limit setter does so). A budget of 0 holds nothing in memory: every save is paged out as it
   comes, at the policy's bits (fewer bits would free no memory).
 
 Tensors kept as they are (smaller than the policy's `min_bytes`, or a kind no codec takes)
@@ -102,6 +103,13 @@ class Budget:
         self.nbytes = parse_bytes(value)
         if self.nbytes is not None:
             self.keeper.shrink(self.nbytes)
+
+    def request(self, value) -> None:
+        """A new budget, from any thread, for the thread that saves to make room for: only
+        recorded here (one attribute, read once per save), so nothing is re-encoded or paged
+        out in the caller's thread and no paging error lands there. The next save or
+        reservation fits what is held and itself within it (Keeper._fit)."""
+        self.nbytes = parse_bytes(value)
 
     def new_step(self) -> None:
         """Plans this step from what the last steps learned, unless the last plan still holds

@@ -1,72 +1,21 @@
 """The keeper: the live saves of a context under its budget, and what makes room for a save
 that does not fit: the live saves (itself included) that lose least per byte freed are
 re-encoded a step down, to MIN_BITS at most; when that is not enough, the least important per
-byte are paged out to a temporary file and read back in backward (PORT/POET-style paging).
+byte are paged out to a temporary file (actcodec.torch.budget.spill) and read back in
+backward (PORT/POET-style paging).
 Both go through Packed's own methods (actcodec.torch.packed), under the keeper's lock."""
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 from ..save import save
 from . import planner
+from .spill import Spill
 from .planner import Site, with_choice
 from ..save.policy import Setting
-
-
-class Spill:
-    """A temporary file that payloads are paged out to and read back from."""
-
-    def __init__(self, directory: str | None = None):
-        self.directory, self.file, self.end, self.live = directory, None, 0, 0
-        self.lock = threading.Lock()
-
-    def write(self, arrays) -> list:
-        """Writes each uint8 array (numpy or CPU tensor); returns where each went."""
-        with self.lock:
-            if self.file is None:
-                self.file = tempfile.TemporaryFile(dir=self.directory)
-            where = []
-            for a in arrays:
-                data = np.ascontiguousarray(a.numpy() if isinstance(a, torch.Tensor) else a)
-                written = os.pwrite(self.file.fileno(), memoryview(data).cast("B"), self.end)
-                if written != data.nbytes:
-                    raise OSError(f"actcodec: paged out {written} of {data.nbytes} bytes")
-                where.append((self.end, data.nbytes))
-                self.end += data.nbytes
-            self.live += 1
-            return where
-
-    def read(self, where) -> list:
-        """The arrays written at `where`, as uint8 CPU tensors."""
-        out = []
-        for offset, nbytes in where:
-            t = torch.empty(nbytes, dtype=torch.uint8)
-            got = os.preadv(self.file.fileno(), [memoryview(t.numpy())], offset) if nbytes else 0
-            if got != nbytes:
-                raise OSError(f"actcodec: read {got} of {nbytes} paged-out bytes back")
-            out.append(t)
-        return out
-
-    def release(self) -> None:
-        """One paged-out save is gone; the file is emptied when none is left."""
-        with self.lock:
-            self.live -= 1
-            if self.live == 0 and self.file is not None:
-                self.file.truncate(0)
-                self.end = 0
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
 
 
 @dataclass

@@ -14,7 +14,8 @@ blocks (actcodec.torch.blocks), how what the step holds is stored (as it is, los
 paged to disk, or, where lossy saves are allowed and pay, under a saved-bytes budget that
 gives each save its bits by importance, none below `bits`). Each step's measured peak
 corrects the model for the next (it only ever grows more careful). A limit lowered while a
-budget step runs lowers its budget at once.
+budget step runs lowers its budget at once, by how far it went below the limit the step was
+planned for; the stepping thread makes room at its next save (see `Step.limit`).
 
 Exact plans are preferred; with exact=True nothing lossy is used. Micro-batches are exact
 where no batch-norm layer trains (unless ghost_batchnorm=True), up to float summation order;
@@ -28,6 +29,7 @@ import inspect
 import threading
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -40,6 +42,7 @@ from . import limit_plan
 from . import loss_weights
 from . import micro_batches as mb
 from . import optimizer_state, shape, step_profile
+from ..budget import spill as spills
 from ..budget.budget import parse_bytes
 from ..save.hooks import compress_saved
 from ..save.policy import Policy
@@ -102,11 +105,24 @@ class Step:
     "1GiB", None for plain training through the same API; loss_fn(model, micro_batch): the
     micro-batch's mean loss, or (loss, weight) (default for dict batches: model(**b).loss);
     bits: the fewest bits a lossy save may take (8, 4 or 2); exact: no lossy saves; spill_dir:
-    where paged saves go; ghost_batchnorm: allow micro-batches with batch norm in training
-    (statistics per micro-batch); batch_size: the batch dimension's length where the first
-    tensor does not have it; plan: a Plan (or its dict) to run every step instead of solving
-    (numerics then do not change with timing); scaler: a torch GradScaler; allocator: install
-    actcodec's torch allocator (see compress_saved).
+    where paged saves go (checked here: exists, a directory, writable); ghost_batchnorm:
+    allow micro-batches with batch norm in training (statistics per micro-batch); batch_size:
+    the batch dimension's length where the first tensor does not have it; plan: a Plan (or
+    its dict) to run every step instead of solving (numerics then do not change with timing;
+    it is not planned for the limit: a step whose peak exceeds a limit raises
+    MemoryLimitError after it ran, .grad as it was, so pass limit=None to run a pinned plan
+    whatever it takes); scaler: a torch GradScaler;
+    allocator: whether a step under a limit may install actcodec's torch allocator (process
+    wide, from then on; see actcodec.torch.save.allocator): with limit=None nothing is
+    installed, whatever the plan; False never installs it.
+
+    The model is left as it was: recomputation is a pair of removable hooks on each repeated
+    block (blocks.attach), which deepcopy, pickle and torch.save carry inert (a copy computes
+    with its own weights and never recomputes for this Step). `close()`, or leaving
+    `with Step(model, ...) as step:`, removes them and releases the Step's contexts; a Step
+    garbage-collected unclosed removes them too. Two Steps on one model share the hooks
+    (each runs its own plans; the hooks go with the last one closed); a Step on another set
+    of blocks of a model that already has one is refused.
 
     Micro-batches add up to the full batch's gradient: each loss is weighted by what it
     averages over. The default loss of a dict batch with `labels` by its targets (labels
@@ -124,6 +140,8 @@ class Step:
         if bits not in LOSSY_BITS:
             raise ValueError(f"bits must be one of {LOSSY_BITS}, got {bits!r}")
         self.model, self.loss_fn = model, loss_fn if loss_fn is not None else mb.default_loss
+        # checked now (exists, a directory, writable): a bad one is named here, not mid-step
+        spill_dir = spills.check_dir(spill_dir)
         self.bits, self.exact, self.spill_dir = bits, bool(exact), spill_dir
         self.ghost_batchnorm, self.batch_size, self.scaler = ghost_batchnorm, batch_size, scaler
         self._lock = threading.Lock()
@@ -138,23 +156,39 @@ class Step:
         self._profiles: dict = {}  # measured profiles by elements per sample
         self.stats = StepStats()
         self.blocks = blocks_mod.find(model)
-        blocks_mod.wrap(self.blocks)
+        # recomputation as removable hooks on the blocks (shared with another Step on the
+        # same blocks); close(), or the Step's garbage collection, takes them off
+        attachment = blocks_mod.attach(self.blocks)
+        self._detach = weakref.finalize(self, attachment.release)
+        self._detach.atexit = False
+        self._closed = False
+        self._running = 0  # steps running now (any thread): close() waits for none
         self._contexts: dict = {}
         self._measured = limit_plan.Measured(caution=CAUTION)  # peaks of the plans run
         self._available = None  # bytes the last plan may add above the floor
         self._in_flight = None  # the budget context of the step running now, if any
+        # (the limit, the budget) that step was planned for; with _limit, changed together
+        # under _lock only, so its budget always follows the limit (_in_flight_budget)
+        self._planned = None
         if spill_dir is not None and step_profile.memory_backed(spill_dir):
             warnings.warn(f"spill_dir {spill_dir!r} is memory-backed (tmpfs): what the step "
                           f"pages out there still takes the machine's memory", RuntimeWarning,
                           stacklevel=2)
-        if allocator:
-            allocators.ensure()
+        self.allocator = bool(allocator)  # installed at the first step under a limit
 
     # -- the limit ---------------------------------------------------------------------------
     @property
     def limit(self) -> int | None:
         """The process's memory limit in bytes (None: none). Settable at any time, from any
-        thread; the next step is planned for it."""
+        thread; the next step is planned for it.
+
+        A budget step running meanwhile has its saved-bytes budget follow at once: the
+        plan's budget less how far the limit now is below the limit the step was planned
+        for (raising it never cuts; setting it back gives the plan's budget again, which
+        fitted that limit). The setter only records both, together under the lock: the
+        stepping thread makes room (re-encodes down to `bits`, then pages out) at its next
+        save, and an error doing so (a full spill_dir) is raised there, in the step, which
+        leaves .grad as it was. A step planned without a limit keeps its budget."""
         return self._limit
 
     @limit.setter
@@ -163,25 +197,62 @@ class Step:
         with self._lock:
             if value is not None and (self._limit is None or value < self._limit):
                 self._lowered = True
-                ctx = self._in_flight
-                if ctx is not None and self._limit is not None:
-                    # the step in flight makes room at once in what its budget holds
-                    # (re-encoded down to `bits`, then paged out)
-                    ctx.budget = max(0, ctx.budget - (self._limit - value))
             self._limit = value
+            if self._in_flight is not None:
+                self._in_flight.request_budget(self._in_flight_budget())
+
+    def _in_flight_budget(self) -> int:
+        """The running budget step's budget under the current limit (called under _lock):
+        its plan's, less how far the limit is below the one it was planned for."""
+        planned_limit, planned_budget = self._planned
+        if planned_limit is None or self._limit is None:
+            return planned_budget
+        return max(0, planned_budget - max(0, planned_limit - self._limit))
 
     def freeze(self) -> limit_plan.Plan | None:
         """Keep the current plan from now on (it no longer follows timing or the limit)."""
         self.frozen = True
         return self.plan
 
+    # -- the model left as it was -----------------------------------------------------------
+    def close(self) -> None:
+        """Removes what the Step put on the model (its blocks' hooks, unless another Step on
+        the same blocks still uses them) and releases its contexts. A second close does
+        nothing; a step after it raises RuntimeError."""
+        with self._lock:
+            if self._running:
+                raise RuntimeError("Step.close() while a step is running: close it after")
+            self._closed = True
+        self._detach()
+        self._contexts.clear()
+
+    def __enter__(self) -> "Step":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- one step ----------------------------------------------------------------------------
     def __call__(self, batch):
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Step was closed (close() removed its hooks from the "
+                                   "model); make a new Step to train on")
+            self._running += 1
+        try:
+            return self._step(batch)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _step(self, batch):
         size = mb.batch_size(batch, self.batch_size)
         with self._lock:
             limit, lowered, self._lowered = self._limit, self._lowered, False
         if limit is not None:
             self._check_device()
+            if self.allocator:
+                allocators.ensure()  # before the floor: its first install trims the heap
             _give_back_free(limit)
         seconds = {}
         batch = _no_cache(self.model, batch)
@@ -205,7 +276,30 @@ class Step:
             if lowered or plan != last:  # give back the pages a larger plan or probes kept
                 _release_kept_pages()
         probes = before.nbytes if "profile" in seconds else 0
+        if self.frozen and limit is not None:
+            return self._run_pinned(batch, size, plan, limit, floor, seconds)
         return self._run(batch, size, plan, limit, floor, seconds, probes)
+
+    def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds):
+        """A pinned (or frozen) plan under a limit: not planned for it, so its peak is held
+        against the limit after it ran; above it, MemoryLimitError and .grad put back as it
+        was (what it held is set aside around the step, as accumulate does in it)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        kept = accumulate._set_aside(params)
+        try:
+            loss = self._run(batch, size, plan, limit, floor, seconds, 0)
+            if self.stats.peak > limit:
+                raise MemoryLimitError(
+                    f"the pinned plan ({self.describe()}) peaked at "
+                    f"{self.stats.peak / MiB:.0f} MiB, above the limit of {limit / MiB:.1f} "
+                    f"MiB: a pinned plan is not planned for the limit (pass limit=None to run "
+                    f"it whatever it takes, or no plan= to have each step planned); nothing "
+                    f"was added to .grad", self.stats.peak)
+        except BaseException:
+            accumulate._put_back(params, kept)
+            raise
+        accumulate._add_back(params, kept)
+        return loss
 
     def _check_device(self) -> None:
         for p in self.model.parameters():
@@ -251,6 +345,7 @@ class Step:
 
     def _plan_for(self, size, units, limit, floor) -> limit_plan.Plan:
         if self.frozen and self.plan is not None:
+            self._check_pinned(self.plan, size, limit, floor)
             return self.plan
         if limit is None:
             self.plan = limit_plan.Plan()
@@ -278,6 +373,21 @@ class Step:
         self.plan = plan
         return plan
 
+    def _check_pinned(self, plan, size: int, limit, floor: int) -> None:
+        """A pinned plan's refusals before it runs: micro-batches where batch norm trains now
+        (without ghost_batchnorm), a limit the process is already above."""
+        if plan.micro_batches > 1 and size > 1 and not self._split():
+            raise ValueError(
+                f"the pinned plan has {plan.micro_batches} micro-batches, but batch norm is "
+                f"in training mode: its statistics would be per micro-batch. Pass "
+                f"ghost_batchnorm=True to accept that, or pin micro_batches=1")
+        if limit is not None and floor >= limit:
+            raise MemoryLimitError(
+                f"the process holds {floor / MiB:.0f} MiB before the step, at or above the "
+                f"limit of {limit / MiB:.1f} MiB, and the pinned plan is not planned for it "
+                f"(pass limit=None to run it whatever it takes); nothing was added to .grad",
+                None)
+
     def _stay(self, plan, profile, available: float):
         """The plan run last where it still fits by its measured peak and `plan` is one not
         yet run that the model makes less than SWITCH_GAIN faster: a new plan's first step is
@@ -285,6 +395,8 @@ class Step:
         last = self.plan
         if plan is None or last is None or last == plan or last.peak <= 0:
             return plan
+        if last.micro_batches > 1 and not profile.split:
+            return plan  # batch norm trains now: micro-batches are no longer allowed
         key = lambda p: limit_plan.memory_key(profile, p.micro_batches, p.recompute, p.storage)
         peaks = self._measured.peaks
         if key(last) not in peaks or key(plan) in peaks or peaks[key(last)] > available:
@@ -323,7 +435,9 @@ class Step:
         before the first step under a limit has profiled the model."""
         if self.profile is None:
             return None
-        return self._needed(self.profile, self._floor())
+        # planned for the model's training mode now (batch norm training: one micro-batch)
+        profile = dataclasses.replace(self.profile, split=self._split())
+        return self._needed(profile, self._floor())
 
     def _loss(self, micro_batch):
         return mb.loss_and_weight(self.loss_fn(self.model, micro_batch))
@@ -332,14 +446,17 @@ class Step:
         if storage == "plain":
             return contextlib.nullcontext()
         if storage not in self._contexts:
+            # the allocator is the Step's to install, under a limit only (see _step)
             if storage == "paged":
                 ctx = compress_saved(Policy.preset("lossless"), model=self.model, budget=0,
-                                     spill_dir=self.spill_dir)
+                                     spill_dir=self.spill_dir, allocator=False)
             elif storage == "budget":
                 ctx = compress_saved(model=self.model, budget=UNBOUNDED,
-                                     spill_dir=self.spill_dir, min_bits=self.bits)
+                                     spill_dir=self.spill_dir, min_bits=self.bits,
+                                     allocator=False)
             else:
-                ctx = compress_saved(Policy.preset(storage), model=self.model)
+                ctx = compress_saved(Policy.preset(storage), model=self.model,
+                                     allocator=False)
             self._contexts[storage] = ctx
         return self._contexts[storage]
 
@@ -347,9 +464,10 @@ class Step:
         ranges = mb.slices(size, plan.micro_batches)
         if plan.storage == "budget":
             ctx = self._context("budget")
-            ctx.budget = self._held_allowance(plan, size, limit, floor)
-            with self._lock:
-                self._in_flight = ctx
+            planned = (limit, self._held_allowance(plan, size, limit, floor))
+            with self._lock:  # the limit may have moved since the plan: follow it
+                self._in_flight, self._planned = ctx, planned
+                ctx.request_budget(self._in_flight_budget())
         params = [p for p in self.model.parameters() if p.requires_grad]
         state = blocks_mod.Running(plan.recompute)
         storage = self._context(plan.storage)
@@ -369,7 +487,7 @@ class Step:
                                              no_sync=getattr(self.model, "no_sync", None))
         finally:
             with self._lock:
-                self._in_flight = None
+                self._in_flight = self._planned = None
         seconds.update(forward=done.forward, backward=done.backward,
                        total=time.perf_counter() - t_all + seconds.get("profile", 0.0))
         measured = max(0, peak.nbytes - floor)

@@ -27,6 +27,7 @@ import torch
 from . import allocator as allocators
 from ..budget import budget as budgets
 from ..budget import guard as guards
+from ..budget import spill as spills
 from . import save
 from .accounting import Accounting
 from .policy import Policy
@@ -45,7 +46,9 @@ class compress_saved:
     from the steps before (enter the same context every step), and what does not fit is
     re-encoded at fewer bits or paged out to a temporary file in `spill_dir`
     (actcodec.torch.budget); 0 pages every save out. Without a policy, 8 bits in groups
-    of 64.
+    of 64. spill_dir is checked here (it exists, is a directory, a file can be created
+    there: FileNotFoundError, NotADirectoryError or PermissionError naming it); a write
+    there that fails raises an OSError with its errno and the directory, from the save.
 
     guard: without a budget, a save whose error at the policy's setting would move one
     parameter's gradient by more than the guard allows, as measured in backward on the second
@@ -73,13 +76,13 @@ class compress_saved:
         self.store = save.store_of(store)
         self.allocator = bool(allocator) and self.store is not None
         self.stats = Accounting(self.store)
-        self.spill_dir, self.min_bits = spill_dir, min_bits
+        self.spill_dir, self.min_bits = spills.check_dir(spill_dir), min_bits
         self.limit = None  # the budget.Budget saves go through, once a budget is set
         if guard is None:
             guard = self.policy.bits is not None and self.policy.bits >= guards.GUARDED_BITS
         self.guard = guards.Guard() if guard else None
         if budget is not None:
-            self.limit = budgets.Budget(self.stats, budget, spill_dir, min_bits)
+            self.limit = budgets.Budget(self.stats, budget, self.spill_dir, min_bits)
         self._names = ({id(m): n or type(m).__name__ for n, m in model.named_modules()}
                        if model is not None else {})
         self._model = model
@@ -99,6 +102,16 @@ class compress_saved:
             self.limit = budgets.Budget(self.stats, value, self.spill_dir, self.min_bits)
         else:
             self.limit.set(value)
+
+    def request_budget(self, value) -> None:
+        """Sets the budget without making room in this thread: the thread that saves fits
+        what is held within it at its next save, and any error paging out (a full spill_dir)
+        is raised there, in the step, not here. For a budget lowered from another thread
+        while a step runs (Step's limit setter)."""
+        if self.limit is None:
+            self.limit = budgets.Budget(self.stats, value, self.spill_dir, self.min_bits)
+        else:
+            self.limit.request(value)
 
     def __enter__(self):
         if self.allocator and _in_host_memory(self._model):
@@ -149,6 +162,7 @@ class record:
                  spill_dir: str | None = None, store=save.DEFAULT_STORE):
         self.stats = accounting if accounting is not None else Accounting()
         self.store = store
+        spill_dir = spills.check_dir(spill_dir)
         self.limit = budgets.Budget(self.stats, budget, spill_dir) if budget is not None \
             else None
         self._session = None
