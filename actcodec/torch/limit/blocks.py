@@ -1,21 +1,30 @@
 """A model's repeated blocks, found from its module tree, and their recomputation: a block a
-plan names runs under non-reentrant `torch.utils.checkpoint`, so it holds only its inputs for
-backward and runs its forward again there.
+plan names runs as a non-reentrant checkpoint (as `torch.utils.checkpoint(...,
+use_reentrant=False)` would run it), so it holds only its inputs for backward and runs its
+forward again there.
 
 The blocks are the instances of the module class that covers the most parameters with at
 least two instances, none inside another, among classes that have submodules of their own
 (a transformer's layers, a ResNet's residual blocks); more instances break a tie. Which
 blocks recompute, and what a block reports while it runs, is per context (`running`), so a
 model used outside a step, or in another thread, runs as it is.
+
+Recomputation is put on the blocks as removable module hooks (`attach`), not by replacing
+their `forward`: a forward pre-hook opens the checkpoint's region and a forward hook closes
+it (torch.distributed's composable checkpoint does the same). The hooks hold the block's
+index and their `Attachment`, no module: a copy of the model (deepcopy, pickle,
+torch.save) carries them inert (a copied Attachment has no user), computes with its own
+weights, and loses them when a Step attaches to it. `Attachment.release` removes them.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import time
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import _checkpoint_without_reentrant_generator
 
 _PLAN: contextvars.ContextVar = contextvars.ContextVar("actcodec_recompute", default=None)
 
@@ -48,6 +57,9 @@ class Running:
         self.current = None
         self.seconds: dict = {}
         self.inputs: dict = {}
+        # per block index, the calls open now (a block called again inside its own
+        # forward nests): (its checkpoint's generator or None, the block around it, start)
+        self.open: dict = {}
 
 
 @contextlib.contextmanager
@@ -59,6 +71,25 @@ def running(state: Running):
         _PLAN.reset(token)
 
 
+class _Outside:
+    """A context in which no plan is running: a recomputation in backward runs its block's
+    forward as it is (no second checkpoint, nothing counted twice). Reusable, as backward may
+    recompute a region more than once (retain_graph)."""
+
+    def __init__(self):
+        self._tokens: list = []
+
+    def __enter__(self):
+        self._tokens.append(_PLAN.set(None))
+
+    def __exit__(self, *exc):
+        _PLAN.reset(self._tokens.pop())
+
+
+def _contexts():
+    return contextlib.nullcontext(), _Outside()
+
+
 def _tensor_bytes(values) -> int:
     seen, total = set(), 0
     for v in values:
@@ -68,31 +99,123 @@ def _tensor_bytes(values) -> int:
     return total
 
 
-def wrap(blocks: list) -> None:
-    """Make each block follow the running context's plan (once per block; a block wrapped
-    already keeps its wrapper)."""
+class Attachment:
+    """The hooks put on one model's blocks, and how many Steps use them (`users`). The hooks
+    act only while some Step uses them; the last `release` removes them. A copy (deepcopy,
+    pickle) is a new, unused Attachment: the copied hooks never act."""
+
+    def __init__(self):
+        self.users = 0
+        self.count = 0  # blocks hooked
+        self._handles: list = []
+
+    def __reduce__(self):
+        return (Attachment, ())
+
+    def release(self) -> None:
+        """One user fewer; the last takes the hooks off the blocks."""
+        if self.users <= 0:
+            return
+        self.users -= 1
+        if self.users == 0:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+
+
+class _Enter:
+    """Forward pre-hook of block `index`: under a plan that recomputes it (and with grad
+    enabled), opens a non-reentrant checkpoint's region around the block's forward."""
+
+    def __init__(self, attachment: Attachment, index: int):
+        self.attachment, self.index = attachment, index
+
+    def __call__(self, module, args, kwargs):
+        state = _PLAN.get()
+        if state is None or self.attachment.users == 0:
+            return None
+        i = self.index
+        t0 = time.perf_counter()
+        if state.profile:
+            state.inputs[i] = state.inputs.get(i, 0) + _tensor_bytes((*args, *kwargs.values()))
+        gen = None
+        if i in state.recompute and torch.is_grad_enabled():
+            # backward runs the forward again (not __call__: hooks stay outside the region)
+            gen = _checkpoint_without_reentrant_generator(
+                functools.partial(module.forward, **kwargs), True, _contexts, "default",
+                False, True, *args)
+            next(gen)  # the region begins: saves are recomputed, not kept
+        state.open.setdefault(i, []).append((gen, state.current, t0))
+        state.current = i
+        return None
+
+
+class _Leave:
+    """Forward hook of block `index` (always called, after an exception too): closes what
+    its pre-hook opened."""
+
+    def __init__(self, attachment: Attachment, index: int):
+        self.attachment, self.index = attachment, index
+
+    def __call__(self, module, args, output):
+        state = _PLAN.get()
+        opened = None if state is None else state.open.get(self.index)
+        if not opened:  # not opened in this context (no plan, or a hook before ours failed)
+            return None
+        gen, state.current, t0 = opened.pop()
+        if gen is not None:
+            # the region ends (after an exception too: the saved-tensor hooks it pushed
+            # must come off, as torch's composable checkpoint does)
+            next(gen, None)
+        if state.profile:
+            i = self.index
+            state.seconds[i] = state.seconds.get(i, 0.0) + (time.perf_counter() - t0)
+        return None
+
+
+def attach(blocks: list) -> Attachment:
+    """The hooks that make `blocks` follow the running context's plan, with one user more:
+    those another Step put on exactly these blocks, shared, or new ones. Inert hooks a copied
+    model brought are removed first. Raises ValueError where some of the blocks carry another
+    Step's hooks for another list of blocks."""
+    live = set()
     for index, block in enumerate(blocks):
-        if getattr(block, "_actcodec_block", None) is not None:
-            continue
-        plain = block.forward
+        for key, hook in list(block._forward_pre_hooks.items()):
+            if isinstance(hook, _Enter) and hook.attachment.users == 0:
+                _drop(block, key)  # a copy's: never acts
+            elif isinstance(hook, _Enter):
+                live.add((hook.attachment, hook.index == index))
+        for key, hook in list(block._forward_hooks.items()):
+            if isinstance(hook, _Leave) and hook.attachment.users == 0:
+                _drop(block, key)
+    if live:
+        attachment = next(iter(live))[0]
+        if live != {(attachment, True)} or attachment.count != len(blocks) or not all(
+                any(isinstance(h, _Enter) and h.attachment is attachment
+                    for h in b._forward_pre_hooks.values()) for b in blocks):
+            raise ValueError(
+                "these blocks already carry the recomputation hooks of another Step over a "
+                "different set of blocks (a Step on another module of this model?); close() "
+                "that Step first")
+        attachment.users += 1
+        return attachment
+    attachment = Attachment()
+    for index, block in enumerate(blocks):
+        attachment._handles.append(block.register_forward_pre_hook(
+            _Enter(attachment, index), with_kwargs=True))
+        # first of the forward hooks, so that the region holds the forward alone
+        attachment._handles.append(block.register_forward_hook(
+            _Leave(attachment, index), prepend=True, always_call=True))
+    attachment.count, attachment.users = len(blocks), 1
+    return attachment
 
-        def forward(*args, _plain=plain, _index=index, **kwargs):
-            state = _PLAN.get()
-            if state is None:
-                return _plain(*args, **kwargs)
-            outer, state.current = state.current, _index
-            t0 = time.perf_counter()
-            try:
-                if _index in state.recompute and torch.is_grad_enabled():
-                    return checkpoint(_plain, *args, use_reentrant=False, **kwargs)
-                return _plain(*args, **kwargs)
-            finally:
-                state.current = outer
-                if state.profile:
-                    state.seconds[_index] = state.seconds.get(_index, 0.0) + (
-                        time.perf_counter() - t0)
-                    state.inputs[_index] = state.inputs.get(_index, 0) + _tensor_bytes(
-                        (*args, *kwargs.values()))
 
-        block.forward = forward
-        block._actcodec_block = index
+def _drop(block: torch.nn.Module, key) -> None:
+    """Removes the hook registered under `key` (what its lost RemovableHandle would do)."""
+    if key in block._forward_pre_hooks:
+        del block._forward_pre_hooks[key]
+        block._forward_pre_hooks_with_kwargs.pop(key, None)
+    else:
+        del block._forward_hooks[key]
+        block._forward_hooks_with_kwargs.pop(key, None)
+        block._forward_hooks_always_called.pop(key, None)

@@ -258,7 +258,8 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
     known = sorted({k[0] for k in measured.peaks
                     if k == memory_key(profile, k[0], recompute, storage.name)}
                    | {m for m, name in measured.worst if name == storage.name})
-    best = next((m for m in known if fits(m)), None)
+    # (a count measured while micro-batches were allowed, in eval mode say, is not one now)
+    best = next((m for m in known if (profile.split or m == 1) and fits(m)), None)
     for m in counts[lo:]:  # from where the model fits, unless a measurement says not
         if best is not None and m >= best:
             break
