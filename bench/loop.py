@@ -1,0 +1,445 @@
+"""A training loop under `act.Step`, measured from outside: real text, dynamic padding, AdamW.
+
+    python bench/loop.py [--quick] [--models gpt2 llama] [--steps 60] [--out docs/limits]
+
+The loop is the one people write: Python's own help text (the standard library's
+`pydoc_data` topics) cut into samples of varying length at paragraph breaks, tokenized at the
+byte level (vocab 256 + a pad id), a length-grouped random sampler (each step draws a length
+group and a batch size), transformers' own DataCollatorForLanguageModeling (mlm=False) over a
+byte tokenizer made in memory (pads to the batch's longest sample, attention_mask, labels
+-100 on padding), a torch DataLoader, AdamW. Seeds are fixed: every configuration sees the
+same batches.
+
+Models: transformers' GPT2LMHeadModel and LlamaForCausalLM, built from a config (random init,
+dropout off, vocab 257). Configurations, each in a fresh process, in this order:
+  plain       plain PyTorch;
+  checkpoint  non-reentrant checkpointing of every block (transformers' own switch);
+  limit xF    act.Step(model, limit=L, optimizer=opt, exact=True) with
+              L = floor + F x (plain's peak - floor), F = 1, 1/2, 1/3; floor: plain's RSS
+              before its first step plus the bytes AdamW's state will take (two moments).
+
+Memory is measured from outside the code under test: this process reads the worker's
+/proc/<pid>/status VmRSS every millisecond, with the loop step the worker is in (a shared
+page the worker writes its step index to), so every step's peak is known, the first step's
+probes included; for plain and checkpoint also the worker's VmHWM at its end (Step resets
+the kernel's high-water mark, so for Step runs only the sampled peak counts). `step.stats`
+is not read. A step refused with MemoryLimitError is skipped (no optimizer step) and counted.
+Step time: the median of the loop's steps after the first (forward, backward, optimizer
+step), as a ratio to plain's median measured in the same run.
+
+Output: a markdown table (printed, and written to OUT/loop.md) and the raw numbers beside it
+(OUT/loop.json)."""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import mmap
+import os
+import random
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MiB = 1 << 20
+PAD = 256  # the pad id; bytes are 0..255
+VOCAB = 257
+FRACTIONS = (1.0, 1 / 2, 1 / 3)
+SETUP, DONE = -1, -2  # step markers outside the loop
+SAMPLE_PERIOD = 0.001
+
+# Sizes: the model and the loop. Full: under ~15 minutes on 2 cores for both models.
+SIZES = {
+    "full": {"layers": 4, "width": 256, "heads": 4, "max_len": 384, "batch": (2, 12),
+             "steps": 60, "groups": 4},
+    "quick": {"layers": 2, "width": 128, "heads": 4, "max_len": 256, "batch": (4, 16),
+              "steps": 12, "groups": 3},
+}
+MODELS = ("gpt2", "llama")
+NAMES = {"gpt2": "GPT-2 layout (GPT2LMHeadModel)", "llama": "Llama layout (LlamaForCausalLM)"}
+
+
+# --- the data, as a loop gets it ------------------------------------------------------------
+
+def text_samples(max_len: int, seed: int = 0) -> list:
+    """Python's help topics cut into samples of varying length: each takes the next bytes of
+    its topic up to a length drawn uniformly from 16..max_len, ending at the last paragraph
+    break inside it where there is one; each is a list of byte ids."""
+    from pydoc_data.topics import topics
+
+    rng = random.Random(seed)
+    samples = []
+    for name in sorted(topics):
+        text = topics[name].encode("utf-8")
+        pos = 0
+        while pos < len(text):
+            window = text[pos:pos + rng.randint(16, max_len)]
+            brk = window.rfind(b"\n\n")
+            if brk >= 16 and pos + len(window) < len(text):
+                window = window[:brk]
+            pos += len(window)
+            while text[pos:pos + 1] == b"\n":
+                pos += 1
+            if window.strip():
+                samples.append(list(window))
+    return samples
+
+
+class LengthGroupedBatches:
+    """A batch sampler (torch DataLoader's batch_sampler=): `steps` batches; each step draws
+    one of `groups` length groups (samples sorted by length, cut into equal parts) and a batch
+    size in batch[0]..batch[1], then that many samples of the group at random. Shapes vary
+    step to step in both samples and padded length; a fixed seed gives the same batches."""
+
+    def __init__(self, lengths: list, steps: int, batch: tuple, groups: int, seed: int = 0):
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        cut = len(order) // groups
+        self.groups = [order[g * cut:(g + 1) * cut if g < groups - 1 else None]
+                       for g in range(groups)]
+        self.steps, self.batch, self.seed = steps, batch, seed
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        rng = random.Random(self.seed)
+        for _ in range(self.steps):
+            group = rng.choice(self.groups)
+            yield rng.sample(group, rng.randint(*self.batch))
+
+
+def byte_tokenizer():
+    """A transformers tokenizer over the 256 bytes plus a pad id (256), made in memory: what
+    transformers' collators pad with. Text is tokenized as its UTF-8 bytes."""
+    import tokenizers
+    import transformers as tf
+
+    vocab = {f"<{i}>": i for i in range(256)}
+    vocab["<pad>"] = PAD
+    model = tokenizers.models.WordLevel(vocab, unk_token="<pad>")
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(model),
+                                      pad_token="<pad>")
+
+
+def loader(size: dict, steps: int, seed: int = 0):
+    """The loop's DataLoader: the samples, the length-grouped batch sampler, and transformers'
+    DataCollatorForLanguageModeling(mlm=False) (pads to the batch's longest sample, gives
+    attention_mask, and labels = input_ids with -100 on padding; the model shifts them)."""
+    import torch
+    import transformers as tf
+
+    samples = [{"input_ids": s} for s in text_samples(size["max_len"], seed)]
+    batches = LengthGroupedBatches([len(s["input_ids"]) for s in samples], steps,
+                                   size["batch"], size["groups"], seed)
+    collate = tf.DataCollatorForLanguageModeling(byte_tokenizer(), mlm=False)
+    return torch.utils.data.DataLoader(samples, batch_sampler=batches, collate_fn=collate)
+
+
+# --- the models ------------------------------------------------------------------------------
+
+def build_model(name: str, size: dict, seed: int = 0):
+    """A causal LM from a config, random init, dropout off (so every configuration computes
+    the same function), over the byte vocabulary plus the pad id."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    d, layers, heads, n = size["width"], size["layers"], size["heads"], size["max_len"]
+    if name == "gpt2":
+        cfg = tf.GPT2Config(n_layer=layers, n_embd=d, n_head=heads, n_positions=n,
+                            vocab_size=VOCAB, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            pad_token_id=PAD, bos_token_id=PAD, eos_token_id=PAD)
+        return tf.GPT2LMHeadModel(cfg)
+    if name == "llama":
+        cfg = tf.LlamaConfig(hidden_size=d, intermediate_size=int(d * 8 / 3) // 16 * 16,
+                             num_hidden_layers=layers, num_attention_heads=heads,
+                             num_key_value_heads=max(1, heads // 2), max_position_embeddings=n,
+                             vocab_size=VOCAB, pad_token_id=PAD, bos_token_id=PAD,
+                             eos_token_id=PAD, attention_dropout=0.0)
+        return tf.LlamaForCausalLM(cfg)
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def enable_checkpointing(model) -> None:
+    """transformers' own switch, non-reentrant (its name before transformers 5 as fallback)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+# --- the worker: one configuration in a fresh process ----------------------------------------
+
+def _status_kib(field: str, pid="self") -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def worker(model_name: str, config: str, limit: int | None, size: dict, steps: int,
+           threads: int, marker_path: str) -> dict:
+    """Runs the loop under one configuration ('plain', 'checkpoint' or 'step'), writing the
+    loop step it is in to the marker page for the parent's sampler. Imports actcodec only
+    for 'step': plain and checkpoint runs are plain PyTorch and transformers."""
+    import torch
+
+    fd = os.open(marker_path, os.O_RDWR)
+    marker = mmap.mmap(fd, 8)
+    os.close(fd)
+
+    def mark(i: int) -> None:
+        struct.pack_into("q", marker, 0, i)
+
+    torch.set_num_threads(threads)
+    data = loader(size, steps)
+    model = build_model(model_name, size)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step, refusal_type = None, ()
+    if config == "checkpoint":
+        enable_checkpointing(model)
+    elif config == "step":
+        import actcodec.torch as act
+
+        refusal_type = act.MemoryLimitError
+        step = act.Step(model, limit=limit, optimizer=opt, exact=True)
+    state_bytes = sum(2 * p.numel() * p.element_size() for p in model.parameters())
+    floor_rss = _status_kib("VmRSS") * 1024
+    out = {"floor_rss": floor_rss, "state_bytes": state_bytes, "times": [], "losses": [],
+           "shapes": [], "refused": [], "plans": [], "error": None}
+    try:
+        for i, batch in enumerate(data):
+            mark(i)
+            out["shapes"].append(list(batch["input_ids"].shape))
+            t0 = time.perf_counter()
+            try:
+                if step is not None:
+                    loss = step(batch)
+                else:
+                    loss = model(**batch).loss
+                    loss.backward()
+            except refusal_type as exc:  # the step is skipped: .grad is as before it
+                out["refused"].append({"step": i, "message": str(exc).splitlines()[0]})
+                loss = None
+            else:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            out["times"].append(time.perf_counter() - t0)
+            out["losses"].append(None if loss is None else float(loss))
+            if step is not None:
+                out["plans"].append(None if loss is None else _plan_words(step))
+    except Exception as exc:  # recorded as it is: the benchmark reports, it does not fix
+        out["error"] = "".join(traceback.format_exception(exc))
+    mark(DONE)
+    out["vmhwm"] = _status_kib("VmHWM") * 1024
+    return out
+
+
+def _plan_words(step) -> str:
+    """The plan a step ran, without its prediction: micro-batches, recomputation, storage."""
+    plan = step.plan
+    rec = f", recompute {len(plan.recompute)}/{len(step.blocks)}" if plan.recompute else ""
+    return f"{plan.micro_batches} mb{rec}, {plan.storage}"
+
+
+# --- the parent: a fresh process per configuration, sampled from outside --------------------
+
+def run_config(model_name: str, config: str, limit: int | None, size: dict, steps: int,
+               threads: int, timeout: float) -> dict:
+    """One configuration in a fresh process; its VmRSS read every SAMPLE_PERIOD seconds from
+    here and attributed to the loop step the worker marks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        marker_path, result_path = os.path.join(tmp, "marker"), os.path.join(tmp, "out.json")
+        with open(marker_path, "wb") as f:
+            f.write(struct.pack("q", SETUP))
+        fd = os.open(marker_path, os.O_RDONLY)
+        marker = mmap.mmap(fd, 8, access=mmap.ACCESS_READ)
+        os.close(fd)
+        code = (f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import loop; "
+                f"r = loop.worker({model_name!r}, {config!r}, {limit!r}, {size!r}, {steps}, "
+                f"{threads}, {marker_path!r}); "
+                f"open({result_path!r}, 'w').write(json.dumps(r))")
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=str(ROOT),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        peaks: dict = {}  # marker -> the largest VmRSS read while the worker was there
+        readings = collections.Counter()  # marker -> how many reads it got
+        start = time.monotonic()
+        while proc.poll() is None:
+            before = struct.unpack_from("q", marker, 0)[0]
+            kib = _status_kib("VmRSS", proc.pid)
+            after = struct.unpack_from("q", marker, 0)[0]
+            # a read while the worker moved on from one step to the next counts for both
+            for where in {before, after} if kib is not None else ():
+                peaks[where] = max(peaks.get(where, 0), kib * 1024)
+                readings[where] += 1
+            if time.monotonic() - start > timeout:
+                proc.kill()
+                break
+            time.sleep(SAMPLE_PERIOD)
+        _, err = proc.communicate()
+        marker.close()
+        result = {"config": config, "limit": limit,
+                  "wall": time.monotonic() - start, "returncode": proc.returncode,
+                  "load_after": os.getloadavg()}
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                result.update(json.load(f))
+        else:
+            result["error"] = (f"worker exited with {proc.returncode} and no result"
+                               f"{' (timed out)' if time.monotonic() - start > timeout else ''}"
+                               f":\n{err[-4000:]}")
+    steps_run = len(result.get("times", []))
+    result["step_peaks"] = [peaks.get(i, 0) for i in range(steps_run)]
+    result["step_readings"] = [readings[i] for i in range(steps_run)]
+    result["setup_peak"] = peaks.get(SETUP, 0)
+    return result
+
+
+def summarize(r: dict, plain_median: float | None, ckpt_median: float | None) -> dict:
+    """The numbers a row shows."""
+    limit = r["limit"]
+    step_peaks = r["step_peaks"]
+    times = r.get("times", [])
+    ran = [t for i, t in enumerate(times) if i > 0 and r["losses"][i] is not None]
+    median = statistics.median(ran) if ran else None
+    losses = [x for x in r.get("losses", [])[-10:] if x is not None]
+    plans = collections.Counter(p for p in r.get("plans", []) if p is not None)
+    return {
+        "first_peak": step_peaks[0] if step_peaks else None,
+        "largest_peak": max(step_peaks) if step_peaks else None,
+        "over": None if limit is None else sum(p > limit for p in step_peaks)
+        + (r["setup_peak"] > limit),
+        "unread": sum(n == 0 for n in r.get("step_readings", [])),
+        "refused": len(r.get("refused", [])),
+        "median": median,
+        "vs_plain": median / plain_median if median and plain_median else None,
+        "vs_checkpoint": median / ckpt_median if median and ckpt_median else None,
+        "loss": statistics.mean(losses) if losses else None,
+        "loop_seconds": sum(times),
+        "plans": [f"{p} ({n})" for p, n in sorted(plans.items(), key=lambda x: -x[1])],
+    }
+
+
+def _mib(x) -> str:
+    return "-" if x is None else f"{x / MiB:.0f}"
+
+
+def table(results: dict, size: dict, steps: int) -> str:
+    lines = [f"# Training loop under `act.Step`: {steps} steps, dynamic padding, AdamW",
+             "",
+             f"Python's help text at the byte level, samples of up to {size['max_len']} bytes, "
+             f"batches of {size['batch'][0]}..{size['batch'][1]} samples from "
+             f"{size['groups']} length groups, padded to the batch's longest; models of "
+             f"{size['layers']} layers x {size['width']}. Peaks: VmRSS read from outside "
+             f"every ms (and VmHWM for plain and checkpoint); steps over: steps whose peak "
+             f"exceeded the limit; step ms: the median of the steps run after the first; "
+             f"loop s: all steps, the first's probes included.",
+             "",
+             "| model | config | limit MiB | largest step peak MiB | first step peak MiB "
+             "| steps over | refused | step ms | / plain | / checkpoint | loop s "
+             "| loss, last 10 | plans (steps) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
+    for model_name, runs in results.items():
+        first = True
+        for r in runs:
+            s = r["summary"]
+            label = r["label"]
+            if r.get("error"):
+                err = r["error"].strip().splitlines()[-1][:160].replace("|", "/")
+                label += f" (crashed at step {len(r.get('times', []))}: {err})"
+            peak = _mib(s["largest_peak"])
+            if r["config"] in ("plain", "checkpoint"):
+                peak += f" (VmHWM {_mib(r.get('vmhwm'))})"
+            plans = "; ".join(s["plans"]) if s["plans"] else "-"
+            unread = f" ({s['unread']} steps not read)" if s["unread"] else ""
+            lines.append(
+                f"| {NAMES[model_name] if first else ''} | {label} | {_mib(r['limit'])} | "
+                f"{peak} | {_mib(s['first_peak'])} | {fmt(s['over'], '{}')}{unread} | "
+                f"{s['refused']} | {fmt(s['median'] and s['median'] * 1e3, '{:.0f}')} | "
+                f"{fmt(s['vs_plain'], '{:.2f}')} | {fmt(s['vs_checkpoint'], '{:.2f}')} | "
+                f"{s['loop_seconds']:.0f} | {fmt(s['loss'], '{:.3f}')} | {plans} |")
+            first = False
+    return "\n".join(lines)
+
+
+def run_model(model_name: str, size: dict, steps: int, threads: int, timeout: float,
+              log) -> list:
+    runs = []
+
+    def go(config, label, limit=None):
+        r = run_config(model_name, config, limit, size, steps, threads, timeout)
+        r["label"] = label
+        runs.append(r)
+        log(f"{model_name} {label}: limit {_mib(limit)} MiB, largest step peak "
+            f"{_mib(max(r['step_peaks'], default=None))} MiB, {len(r.get('times', []))} steps, "
+            f"{r['wall']:.0f} s{' ERROR' if r.get('error') else ''}")
+        return r
+
+    plain = go("plain", "plain")
+    if plain.get("error"):
+        return runs
+    go("checkpoint", "checkpoint (every block)")
+    peak = max(max(plain["step_peaks"], default=0), plain.get("vmhwm", 0))
+    floor = plain["floor_rss"] + plain["state_bytes"]
+    for f in FRACTIONS:
+        limit = int(floor + f * (peak - floor))
+        name = {1.0: "1", 0.5: "1/2"}.get(f, "1/3")
+        go("step", f"Step, limit floor + {name} x (plain - floor)", limit)
+    plain_median = summarize(plain, None, None)["median"]
+    ckpt_median = summarize(runs[1], None, None)["median"]
+    for r in runs:
+        r["summary"] = summarize(r, plain_median, ckpt_median)
+    return runs
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller models, fewer steps")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "limits")
+    args = p.parse_args(argv)
+    size = SIZES["quick" if args.quick else "full"]
+    steps = args.steps or size["steps"]
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    results = {m: run_model(m, size, steps, args.threads, args.timeout, log)
+               for m in args.models}
+    for runs in results.values():  # a plain run that failed leaves no summary to compare
+        for r in runs:
+            r.setdefault("summary", summarize(r, None, None))
+    text = table(results, size, steps)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "loop.md").write_text(text + "\n")
+    sys.path.insert(0, str(HERE))
+    import harness
+
+    raw = {"command": "python bench/loop.py" + (" --quick" if args.quick else ""),
+           "size": size, "steps": steps, "machine": harness.machine(args.threads),
+           "results": results}
+    (args.out / "loop.json").write_text(json.dumps(raw, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
