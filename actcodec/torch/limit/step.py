@@ -24,6 +24,7 @@ dropout draws its masks per micro-batch.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 import dataclasses
 import inspect
 import threading
@@ -529,13 +530,13 @@ def _no_cache(model, batch):
     models) runs with use_cache=False unless it says otherwise: training needs no cache, and
     a block recomputed in backward would append its keys to the cache a second time (as
     transformers does under gradient checkpointing)."""
-    if not isinstance(batch, dict) or "use_cache" in batch:
+    if not isinstance(batch, Mapping) or "use_cache" in batch:
         return batch
     try:
         takes = "use_cache" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return batch
-    return {**batch, "use_cache": False} if takes else batch
+    return {**batch, "use_cache": False} if takes else batch  # (a BatchEncoding: a dict)
 
 
 def _give_back_free(limit: int) -> None:
