@@ -332,20 +332,18 @@ def test_a_measured_plan_gives_way_only_to_a_clearly_faster_one():
     """The first step of a plan not yet run is where the model errs: a plan that fits by its
     measured peak is kept unless the new one is predicted SWITCH_GAIN faster."""
     from actcodec.torch.limit import limit_plan as lp
-    from actcodec.torch.limit import step as step_mod
+    from actcodec.torch.limit import planning
 
-    model = torch.nn.Linear(4, 4)
-    step = act.Step(model, limit="1GiB", loss_fn=lambda m, b: m(b).sum())
     block = lp.Block(saved=4e5, inputs=1e4, forward=1e-3)
     profile = lp.Profile(batch=8, fixed=1e6, work=1e5, rest=1e5, blocks=(block,) * 2,
                          seconds=1e-2, per_micro_batch=1e-3, storages=(lp.PLAIN,),
                          split=True, effect=1.0, least=0.0)
     ran = lp.predict(profile, 4, (0,), lp.PLAIN)
-    step.plan = ran
     key = lp.memory_key(profile, 4, (0,), "plain")
-    step._measured = lp.Measured(caution=0.25).learn(key, ran.peak, ran.peak)
+    measured = lp.Measured(caution=0.25).learn(key, ran.peak, ran.peak)
     close = dataclasses.replace(lp.predict(profile, 4, (), lp.PLAIN), seconds=ran.seconds / 1.05)
-    clear = dataclasses.replace(close, seconds=ran.seconds / (step_mod.SWITCH_GAIN * 1.01))
-    assert step._stay(close, profile, 1e9) == ran
-    assert step._stay(clear, profile, 1e9) == clear
-    assert step._stay(close, profile, ran.peak - 1) == close  # the measured one no longer fits
+    clear = dataclasses.replace(close, seconds=ran.seconds / (planning.SWITCH_GAIN * 1.01))
+    assert planning.stay(close, ran, profile, 1e9, measured) == ran
+    assert planning.stay(clear, ran, profile, 1e9, measured) == clear
+    # the measured one no longer fits
+    assert planning.stay(close, ran, profile, ran.peak - 1, measured) == close

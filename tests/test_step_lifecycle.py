@@ -413,7 +413,7 @@ def test_the_allocator_is_installed_only_by_a_step_under_a_limit(monkeypatch):
 # -- the training mode, read at every step ------------------------------------------------------
 
 def test_batch_norm_switched_to_training_after_an_eval_step_runs_one_micro_batch():
-    from actcodec.torch.limit.step import SAFETY, SAFETY_BYTES
+    from actcodec.torch.limit.planning import SAFETY, SAFETY_BYTES
 
     batch = data(1024)
     m = net(width=128, depth=4, batchnorm=True)
@@ -450,20 +450,19 @@ def test_the_solver_takes_no_measured_micro_batch_count_where_micro_batches_are_
 
 def test_a_plan_of_micro_batches_run_in_eval_mode_is_not_kept_once_batch_norm_trains():
     from actcodec.torch.limit import limit_plan as lp
+    from actcodec.torch.limit import planning
 
-    step = act.Step(net(batchnorm=True), limit="1GiB", loss_fn=mse)
     block = lp.Block(saved=4e5, inputs=1e4, forward=1e-3)
     profile = lp.Profile(batch=8, fixed=1e6, work=1e5, rest=1e5, blocks=(block,) * 2,
                          seconds=1e-2, per_micro_batch=1e-4, storages=(lp.PLAIN,),
                          split=True, effect=1.0, least=0.0)
     ran = lp.predict(profile, 4, (), lp.PLAIN)  # run in eval mode, measured
-    step.plan = ran
     key = lp.memory_key(profile, 4, (), "plain")
-    step._measured = lp.Measured(caution=0.25).learn(key, ran.peak, ran.peak)
+    measured = lp.Measured(caution=0.25).learn(key, ran.peak, ran.peak)
     one = lp.predict(profile, 1, (0, 1), lp.PLAIN)  # hardly faster: stays, in eval mode
-    assert step._stay(one, profile, 1e9) == ran
+    assert planning.stay(one, ran, profile, 1e9, measured) == ran
     training = lp.Profile(**{**vars(profile), "split": False})
-    assert step._stay(one, training, 1e9) == one
+    assert planning.stay(one, ran, training, 1e9, measured) == one
 
 
 def test_a_pinned_plan_of_micro_batches_is_refused_where_batch_norm_trains():

@@ -111,7 +111,7 @@ def test_the_codec_core_imports_no_torch():
                 assert not [n for n in names if n.split(".")[0] == "torch"], path.name
 
 
-@pytest.mark.parametrize("path", ["budget/planner.py", "limit/limit_plan.py"])
+@pytest.mark.parametrize("path", ["budget/planner.py", "limit/limit_plan.py", "limit/planning.py"])
 def test_the_planners_are_pure(path):
     """The budget's planner and the limit's solver take numbers and return choices: no torch,
     no locks."""

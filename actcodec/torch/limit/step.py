@@ -42,25 +42,16 @@ from . import blocks as blocks_mod
 from . import limit_plan
 from . import loss_weights
 from . import micro_batches as mb
-from . import optimizer_state, shape, step_profile
+from . import optimizer_state, planning, shape, step_profile
 from ..budget import spill as spills
 from ..budget.budget import parse_bytes
 from ..save.hooks import compress_saved
 from ..save.policy import Policy
 
+from .planning import SAFETY, SAFETY_BYTES, SWITCH_GAIN, UNBOUNDED  # noqa: F401
+
 MiB = 1 << 20
-# What the plan leaves free of the room above the floor: a share for what no measurement
-# covers (a noisy peak, the heap's drift) plus a constant for small buffers.
-SAFETY, SAFETY_BYTES = 0.02, 16 * MiB
-# Before any step has run, a plan is trusted to the model's peak times 1 + CAUTION: the
-# probes are small, and a step on a new plan lays out its memory first fit (the store learns
-# lifetimes from the step before). Steps run then calibrate it (limit_plan.Measured.learn).
-CAUTION = 0.25
-# A plan that fits by its measured peak gives way to one not yet run only where the model
-# makes that one this many times faster.
-SWITCH_GAIN = 1.10
 LOSSY_BITS = (8, 4, 2)
-UNBOUNDED = 1 << 60  # a budget that holds everything (then every save stays exact)
 
 
 class MemoryLimitError(MemoryError):
@@ -153,8 +144,7 @@ class Step:
         self.frozen = plan is not None
         self.optimizer = optimizer
         optimizer_state.pending_bytes(optimizer)  # a clear error now for what is not one
-        self.profile: limit_plan.Profile | None = None  # the last step's, at its shape
-        self._profiles: dict = {}  # measured profiles by elements per sample
+        self._planning = planning.Planning(self.exact)  # profiles, measured peaks
         self.stats = StepStats()
         self.blocks = blocks_mod.find(model)
         # recomputation as removable hooks on the blocks (shared with another Step on the
@@ -165,8 +155,6 @@ class Step:
         self._closed = False
         self._running = 0  # steps running now (any thread): close() waits for none
         self._contexts: dict = {}
-        self._measured = limit_plan.Measured(caution=CAUTION)  # peaks of the plans run
-        self._available = None  # bytes the last plan may add above the floor
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
         # under _lock only, so its budget always follows the limit (_in_flight_budget)
@@ -209,6 +197,11 @@ class Step:
         if planned_limit is None or self._limit is None:
             return planned_budget
         return max(0, planned_budget - max(0, planned_limit - self._limit))
+
+    @property
+    def profile(self) -> limit_plan.Profile | None:
+        """The last planned step's profile (at its batch and shape); None before one."""
+        return self._planning.profile
 
     def freeze(self) -> limit_plan.Plan | None:
         """Keep the current plan from now on (it no longer follows timing or the limit)."""
@@ -260,16 +253,16 @@ class Step:
         units = shape.units_per_sample(batch, size)
         with resident.Peak() as before:  # the probes' peak: the limit holds for them too
             floor = self._floor()
-            if limit is not None and not self.frozen and self._needs_probes(units, limit,
-                                                                            floor):
+            if limit is not None and not self.frozen and self._planning.needs_probes(
+                    units, limit - floor):
                 t0 = time.perf_counter()
                 measured = step_profile.measure(
                     lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model,
                     self.blocks, size, _storages(self.bits, self.exact), self._split(),
-                    self.spill_dir, room=(limit - floor) * (1 - SAFETY) - SAFETY_BYTES,
+                    self.spill_dir, room=planning.available(limit - floor),
                     paged=self._context("paged"), bits=self.bits,
                     budgeted=None if self.exact else self._context("budget"))
-                self._profiles[units] = dataclasses.replace(measured, units=units)
+                self._planning.add(units, measured)
                 seconds["profile"] = time.perf_counter() - t0
                 floor = self._floor()  # the probes' lazy state (libraries, heap)
             last = self.plan
@@ -320,30 +313,6 @@ class Step:
         optimizer's next step will create (the whole loop must fit, not this step alone)."""
         return step_profile.floor() + optimizer_state.pending_bytes(self.optimizer)
 
-    def _profile_at(self, units: float):
-        """The profile for samples of `units` elements: the measured one of the smallest
-        shape at least as large, scaled down (linearly: an upper bound); else the largest
-        measured, scaled up as a square (an upper bound for what grows with a sequence's
-        length); None before any profile."""
-        if not self._profiles:
-            return None
-        larger = [u for u in self._profiles if u >= units]
-        base = self._profiles[min(larger) if larger else max(self._profiles)]
-        return limit_plan.scaled(base, units)
-
-    def _needs_probes(self, units: float, limit: int, floor: int) -> bool:
-        """Probe the model at this shape where no measured shape is as large; but only where
-        one sample of it is predicted to fit (probes grow from small to large and stop before
-        the limit: a sample predicted not to fit is refused by the plan, unprobed)."""
-        if any(u >= units for u in self._profiles):
-            return False
-        known = self._profile_at(units)
-        if known is None:
-            return True
-        one = limit_plan.predict(dataclasses.replace(known, batch=1), 1, (),
-                                 limit_plan.PLAIN).peak
-        return one <= (limit - floor) * (1 - SAFETY) - SAFETY_BYTES
-
     def _plan_for(self, size, units, limit, floor) -> limit_plan.Plan:
         if self.frozen and self.plan is not None:
             self._check_pinned(self.plan, size, limit, floor)
@@ -351,15 +320,9 @@ class Step:
         if limit is None:
             self.plan = limit_plan.Plan()
             return self.plan
-        profile = dataclasses.replace(self._profile_at(units), batch=size, split=self._split())
-        self.profile = profile
-        room = limit - floor
-        available = room * (1 - SAFETY) - SAFETY_BYTES
-        self._available = available
-        plan = limit_plan.solve(profile, available, self.exact, self._measured)
-        plan = self._stay(plan, profile, available)
+        plan = self._planning.plan(size, units, self._split(), limit - floor, self.plan)
         if plan is None:
-            needed = self._needed(profile, floor)
+            needed = self._planning.needed(floor)
             state = optimizer_state.pending_bytes(self.optimizer)
             held = (f"the process holds {(floor - state) / MiB:.0f} MiB before the step and "
                     f"the optimizer's first step will add {state / MiB:.0f} MiB" if state else
@@ -389,56 +352,12 @@ class Step:
                 f"(pass limit=None to run it whatever it takes); nothing was added to .grad",
                 None)
 
-    def _stay(self, plan, profile, available: float):
-        """The plan run last where it still fits by its measured peak and `plan` is one not
-        yet run that the model makes less than SWITCH_GAIN faster: a new plan's first step is
-        where the model errs (its layout first fit, an error the calibration has not seen)."""
-        last = self.plan
-        if plan is None or last is None or last == plan or last.peak <= 0:
-            return plan
-        if last.micro_batches > 1 and not profile.split:
-            return plan  # batch norm trains now: micro-batches are no longer allowed
-        key = lambda p: limit_plan.memory_key(profile, p.micro_batches, p.recompute, p.storage)
-        peaks = self._measured.peaks
-        if key(last) not in peaks or key(plan) in peaks or peaks[key(last)] > available:
-            return plan
-        storage = next((s for s in profile.storages if s.name == last.storage), None)
-        if storage is None:
-            return plan
-        kept = limit_plan.predict(profile, last.micro_batches, last.recompute, storage,
-                                  self._measured)
-        return plan if plan.seconds * SWITCH_GAIN < kept.seconds else kept
-
-    def _held_allowance(self, plan, size: int, limit, floor: int) -> int:
-        """A budget plan's bytes held for backward: what the model gives its saves at their
-        fewest bits, plus the room the plan leaves (the budget spends it on more bits where
-        they matter most). Without a profile (a pinned plan): the room above the floor, or
-        everything without a limit."""
-        if limit is None:
-            return UNBOUNDED
-        room = (limit - floor) * (1 - SAFETY) - SAFETY_BYTES
-        if self.profile is None or self._available is None:
-            return int(max(0, room))
-        profile = self.profile
-        storage = next(s for s in profile.storages if s.name == "budget")
-        b = -(-size // plan.micro_batches)
-        held = b * storage.ratio * limit_plan.held_bytes(profile, plan.recompute)
-        return int(max(0.0, held + max(0.0, self._available - plan.peak)))
-
-    def _needed(self, profile, floor: int) -> int:
-        """The smallest limit a plan fits in above `floor`, margins included."""
-        least = limit_plan.smallest(profile, self.exact, self._measured)
-        return int(floor + (least + SAFETY_BYTES) / (1 - SAFETY)) + 1
-
     def smallest_limit(self) -> int | None:
         """The smallest limit the next step would accept, from the process's floor now (the
         optimizer's state included, once it exists) and what the steps so far measured; None
         before the first step under a limit has profiled the model."""
-        if self.profile is None:
-            return None
         # planned for the model's training mode now (batch norm training: one micro-batch)
-        profile = dataclasses.replace(self.profile, split=self._split())
-        return self._needed(profile, self._floor())
+        return self._planning.needed(self._floor(), split=self._split())
 
     def _loss(self, micro_batch):
         return mb.loss_and_weight(self.loss_fn(self.model, micro_batch))
@@ -465,7 +384,8 @@ class Step:
         ranges = mb.slices(size, plan.micro_batches)
         if plan.storage == "budget":
             ctx = self._context("budget")
-            planned = (limit, self._held_allowance(plan, size, limit, floor))
+            planned = (limit, self._planning.held_allowance(
+                plan, size, None if limit is None else limit - floor))
             with self._lock:  # the limit may have moved since the plan: follow it
                 self._in_flight, self._planned = ctx, planned
                 ctx.request_budget(self._in_flight_budget())
@@ -495,21 +415,9 @@ class Step:
         self.stats = StepStats(peak=max(peak.nbytes, probes), floor=floor, limit=limit,
                                predicted=int(floor + plan.peak), micro_batches=len(ranges),
                                seconds=seconds)
-        self._learn(plan, measured, size)
+        if not self.frozen:
+            self._planning.learn(plan, measured)
         return done.loss
-
-    def _learn(self, plan, measured: int, size: int) -> None:
-        """The measured peak judges this plan from now on (its largest), and calibrates how
-        far plans not yet run trust the model (see limit_plan.Measured)."""
-        if self.frozen or self.profile is None or plan.peak <= 0:
-            return
-        profile = self.profile
-        key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage)
-        storage = next(s for s in profile.storages if s.name == plan.storage)
-        model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage).peak
-        if model <= 0:
-            return
-        self._measured = self._measured.learn(key, measured, model)
 
     def describe(self) -> str:
         """The current plan in words."""

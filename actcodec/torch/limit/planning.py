@@ -1,0 +1,137 @@
+"""What a Step knows of its model's memory, and the plan it makes from that at each step:
+profiles measured per batch shape, the peaks measured per plan, the margins the limit keeps.
+Numbers in, a plan out (no torch): the solver is limit_plan's; measuring and running are
+the Step's (actcodec.torch.limit.step).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from . import limit_plan
+
+MiB = 1 << 20
+# What the plan leaves free of the room above the floor: a share for what no measurement
+# covers (a noisy peak, the heap's drift) plus a constant for small buffers.
+SAFETY, SAFETY_BYTES = 0.02, 16 * MiB
+# Before any step has run, a plan is trusted to the model's peak times 1 + CAUTION: the
+# probes are small, and a step on a new plan lays out its memory first fit (the store learns
+# lifetimes from the step before). Steps run then calibrate it (limit_plan.Measured.learn).
+CAUTION = 0.25
+# A plan that fits by its measured peak gives way to one not yet run only where the model
+# makes that one this many times faster.
+SWITCH_GAIN = 1.10
+UNBOUNDED = 1 << 60  # a budget that holds everything (then every save stays exact)
+
+
+def available(room: float) -> float:
+    """Bytes a plan may add above the floor, of `room` (limit - floor), margins kept."""
+    return room * (1 - SAFETY) - SAFETY_BYTES
+
+
+def limit_for(least: float, floor: int) -> int:
+    """The smallest limit under which a plan peaking `least` above `floor` is accepted."""
+    return int(floor + (least + SAFETY_BYTES) / (1 - SAFETY)) + 1
+
+
+def stay(plan, last, profile: limit_plan.Profile, room_left: float,
+         measured: limit_plan.Measured):
+    """The plan run last where it still fits by its measured peak and `plan` is one not yet
+    run that the model makes less than SWITCH_GAIN faster: a new plan's first step is where
+    the model errs (its layout first fit, an error the calibration has not seen)."""
+    if plan is None or last is None or last == plan or last.peak <= 0:
+        return plan
+    if last.micro_batches > 1 and not profile.split:
+        return plan  # batch norm trains now: micro-batches are no longer allowed
+    key = lambda p: limit_plan.memory_key(profile, p.micro_batches, p.recompute, p.storage)
+    if key(last) not in measured.peaks or key(plan) in measured.peaks \
+            or measured.peaks[key(last)] > room_left:
+        return plan
+    storage = next((s for s in profile.storages if s.name == last.storage), None)
+    if storage is None:
+        return plan
+    kept = limit_plan.predict(profile, last.micro_batches, last.recompute, storage, measured)
+    return plan if plan.seconds * SWITCH_GAIN < kept.seconds else kept
+
+
+class Planning:
+    """A Step's knowledge: `profiles` measured, by elements per sample; `measured`, the peaks
+    of plans run and the calibration they give; `profile`, the last planned step's (at its
+    shape, batch and training mode); `available`, the bytes its plan could add."""
+
+    def __init__(self, exact: bool):
+        self.exact = exact
+        self.profiles: dict = {}
+        self.measured = limit_plan.Measured(caution=CAUTION)
+        self.profile: limit_plan.Profile | None = None
+        self.available: float | None = None
+
+    def add(self, units: float, profile: limit_plan.Profile) -> None:
+        self.profiles[units] = dataclasses.replace(profile, units=units)
+
+    def at(self, units: float):
+        """The profile for samples of `units` elements: the measured one of the smallest
+        shape at least as large, scaled down (linearly: an upper bound); else the largest
+        measured, scaled up as a square (an upper bound for what grows with a sequence's
+        length); None before any profile."""
+        if not self.profiles:
+            return None
+        larger = [u for u in self.profiles if u >= units]
+        base = self.profiles[min(larger) if larger else max(self.profiles)]
+        return limit_plan.scaled(base, units)
+
+    def needs_probes(self, units: float, room: float) -> bool:
+        """Whether to probe the model at this shape: where no measured shape is as large,
+        and one sample of it is predicted to fit (probes grow from small to large and stop
+        before the limit: a sample predicted not to fit is refused by the plan, unprobed)."""
+        if any(u >= units for u in self.profiles):
+            return False
+        known = self.at(units)
+        if known is None:
+            return True
+        one = limit_plan.predict(dataclasses.replace(known, batch=1), 1, (),
+                                 limit_plan.PLAIN).peak
+        return one <= available(room)
+
+    def plan(self, size: int, units: float, split: bool, room: float, last):
+        """The plan for a batch of `size` samples of `units` elements, `split` whether
+        micro-batches are allowed now, `room` bytes above the floor, `last` the plan run last
+        (kept where it still fits and the new one is not clearly faster); None if none fits."""
+        profile = dataclasses.replace(self.at(units), batch=size, split=split)
+        self.profile, self.available = profile, available(room)
+        plan = limit_plan.solve(profile, self.available, self.exact, self.measured)
+        return stay(plan, last, profile, self.available, self.measured)
+
+    def held_allowance(self, plan, size: int, room: float | None) -> int:
+        """A budget plan's bytes held for backward: what the model gives its saves at their
+        fewest bits, plus the room the plan leaves (the budget spends it on more bits where
+        they matter most). Without a profile (a pinned plan): the room, or everything
+        without a limit (room None)."""
+        if room is None:
+            return UNBOUNDED
+        if self.profile is None or self.available is None:
+            return int(max(0, available(room)))
+        storage = next(s for s in self.profile.storages if s.name == "budget")
+        b = -(-size // plan.micro_batches)
+        held = b * storage.ratio * limit_plan.held_bytes(self.profile, plan.recompute)
+        return int(max(0.0, held + max(0.0, self.available - plan.peak)))
+
+    def needed(self, floor: int, split: bool | None = None) -> int | None:
+        """The smallest limit the last step's batch would be accepted under from `floor`,
+        with micro-batches allowed or not (`split`; the last step's where None)."""
+        if self.profile is None:
+            return None
+        profile = self.profile if split is None else dataclasses.replace(self.profile,
+                                                                         split=split)
+        return limit_for(limit_plan.smallest(profile, self.exact, self.measured), floor)
+
+    def learn(self, plan, measured: int) -> None:
+        """The measured peak (bytes above the floor) judges this plan from now on (its
+        largest), and calibrates how far plans not yet run trust the model."""
+        profile = self.profile
+        if profile is None or plan.peak <= 0:
+            return
+        key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage)
+        storage = next(s for s in profile.storages if s.name == plan.storage)
+        model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage).peak
+        if model > 0:
+            self.measured = self.measured.learn(key, measured, model)
