@@ -24,6 +24,8 @@ from .save.policy import Policy, Setting
 from .save.saved_bytes import CountSaved, count_saved
 from .limit.limit_plan import Plan
 from .limit.step import MemoryLimitError, Step
+from .limit.chunked_loss import chunked_cross_entropy
+from .limit.causal_lm import causal_lm_loss
 from . import budget as _budget, codecs as _codecs, limit as _limit, save as _save
 
 # The modules' paths before the packages (actcodec.torch.step, ...), kept for one release.
@@ -36,5 +38,6 @@ for _package in (_codecs, _save, _budget, _limit):
 del _package, _name, _module
 
 __all__ = ["Accounting", "CountSaved", "MemoryLimitError", "Packed", "Plan", "Policy", "Setting",
-           "Step", "allocator", "compress_saved", "convert", "count_saved", "decode", "encode",
+           "Step", "allocator", "causal_lm_loss", "chunked_cross_entropy", "compress_saved",
+           "convert", "count_saved", "decode", "encode",
            "parse_bytes", "record", "unconvert"]

@@ -1,0 +1,158 @@
+"""transformers' causal language models' loss from `labels` with the head and loss in chunks of
+tokens (actcodec.torch.limit.chunked_loss): `causal_lm_loss(model, batch)` gives the loss
+`model(**batch).loss` gives, and the same gradients, without the full logits.
+
+How: the model's own forward runs on the batch without its labels and with
+`logits_to_keep=1`, so the model computes the logits of one position per row only; a forward
+hook on its decoder (`model.get_decoder()`, else `model.base_model`) keeps the last hidden
+states. The loss is then `chunked_cross_entropy` of those hidden states under the output
+embeddings (`model.get_output_embeddings()`: tied or not, with its bias if it has one), the
+labels shifted by one as transformers' ForCausalLMLoss shifts them (or `shift_labels` where
+the batch gives them), ignore index -100 (or the batch's `ignore_index`), and
+`num_items_in_batch` where the batch gives it. The head's transform comes from the config:
+`logit_scale` multiplies the logits (Cohere), `logits_scaling` divides them (Granite),
+`final_logit_softcapping` caps them (Gemma 2 and 3).
+
+What it covers is checked, not assumed: the model is a transformers PreTrainedModel whose
+forward takes `logits_to_keep` and computes its loss with transformers' ForCausalLMLoss, its
+output embeddings are a Linear layer, its decoder runs once, and the logits the model
+computed for the kept position equal the head above applied to the kept hidden states (so a
+head the config does not describe, such as a multiplier under another name, is refused, not
+silently mis-scaled). Anything else raises ValueError saying what is not covered.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+import inspect
+import sys
+
+import torch
+
+from .chunked_loss import IGNORE_INDEX, chunked_cross_entropy
+from .loss_weights import shifts_labels
+
+LOSS_KEYS = ("labels", "shift_labels", "num_items_in_batch", "ignore_index")  # not the model's
+
+
+def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> torch.Tensor:
+    """`model(**batch).loss` of a transformers `*ForCausalLM` model, with the output projection
+    and cross-entropy run `chunk_tokens` targets at a time (see chunked_cross_entropy): the
+    same loss and gradients, up to float summation order, with no tokens x vocab tensor.
+    Returns the loss, a 0-dim float32 tensor (float64 for a float64 model)."""
+    name = type(model).__name__
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"causal_lm_loss: batch must be a dict of the model's inputs and its "
+                        f"labels, got {type(batch).__name__}")
+    if batch.get("labels") is None:
+        raise ValueError("causal_lm_loss: the batch has no 'labels' (model(**batch).loss "
+                         "would be None)")
+    _check_covered(model)
+    head = model.get_output_embeddings()
+    decoder = _decoder(model)
+    scale, softcap = _head_transform(model.config)
+
+    inputs = {k: v for k, v in batch.items() if k not in LOSS_KEYS}
+    captured = []
+    handle = decoder.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        out = model(**inputs, logits_to_keep=1)
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise ValueError(f"causal_lm_loss: {name}'s decoder ({type(decoder).__name__}) ran "
+                         f"{len(captured)} times in one forward; not covered (use "
+                         f"model(**batch).loss)")
+    hidden = _last_hidden_state(captured[0], decoder)
+    logits = out["logits"] if isinstance(out, Mapping) else out[0]
+    del out, captured
+    _check_head(name, logits, hidden, head, scale, softcap)
+    del logits
+
+    shift_labels = batch.get("shift_labels")
+    labels = batch["labels"] if shift_labels is None else shift_labels
+    return chunked_cross_entropy(
+        hidden, head.weight, labels.to(hidden.device), bias=head.bias, chunk_tokens=chunk_tokens,
+        ignore_index=batch.get("ignore_index", IGNORE_INDEX),
+        num_items_in_batch=batch.get("num_items_in_batch"), shift=shift_labels is None,
+        logit_scale=scale, softcap=softcap)
+
+
+def _check_covered(model):
+    name = type(model).__name__
+    transformers = sys.modules.get("transformers")  # not imported: not one of its models
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
+        raise ValueError(f"causal_lm_loss: {name} is not a transformers PreTrainedModel (a "
+                         f"wrapped one, DistributedDataParallel or PEFT, is not covered either); "
+                         f"for a head of your own, use chunked_cross_entropy(hidden, weight, "
+                         f"labels, ...)")
+    if "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
+        raise ValueError(f"causal_lm_loss: {name}.forward takes no logits_to_keep, so it would "
+                         f"compute the full logits; not covered")
+    if not shifts_labels(model):
+        raise ValueError(f"causal_lm_loss: {name}'s loss is not transformers' causal-LM loss "
+                         f"(ForCausalLMLoss, called as self.loss_function by a decoder-only "
+                         f"model); not covered")
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"causal_lm_loss: {name}'s output embeddings are "
+                         f"{type(head).__name__}, not a torch.nn.Linear; not covered")
+
+
+def _decoder(model):
+    """The module whose output is the hidden states the head reads."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is None or decoder is model:
+        decoder = model.base_model
+    if decoder is None or decoder is model:
+        raise ValueError(f"causal_lm_loss: {type(model).__name__} has no decoder apart from "
+                         f"itself (get_decoder(), base_model); not covered")
+    return decoder
+
+
+def _head_transform(config):
+    """(logit_scale, softcap) of the head, from the config fields transformers' models use."""
+    scale = 1.0
+    if getattr(config, "logit_scale", None) is not None:
+        scale *= float(config.logit_scale)            # Cohere: logits * logit_scale
+    if getattr(config, "logits_scaling", None) is not None:
+        scale /= float(config.logits_scaling)         # Granite: logits / logits_scaling
+    softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2, 3: c * tanh(x / c)
+    return (None if scale == 1.0 else scale), (None if softcap is None else float(softcap))
+
+
+def _last_hidden_state(output, decoder):
+    hidden = getattr(output, "last_hidden_state", None)
+    if hidden is None and isinstance(output, (tuple, list)) and output:
+        hidden = output[0]
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        raise ValueError(f"causal_lm_loss: the decoder ({type(decoder).__name__}) returned no "
+                         f"(batch, sequence, hidden) last hidden state; not covered")
+    return hidden
+
+
+def _check_head(name, logits, hidden, head, scale, softcap):
+    """The logits the model computed for the last position equal the head this loss applies
+    to the last hidden states (a few roundings of the model's dtype apart)."""
+    expected_shape = (hidden.shape[0], 1, head.out_features)
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != expected_shape:
+        raise ValueError(f"causal_lm_loss: {name} with logits_to_keep=1 returned logits of "
+                         f"shape {tuple(getattr(logits, 'shape', ()))}, not {expected_shape}; "
+                         f"not covered")
+    with torch.no_grad():
+        last = hidden[:, -1, :]
+        ours = (last @ head.weight.t() if head.bias is None
+                else torch.addmm(head.bias, last, head.weight.t())).double()
+        if scale is not None:
+            ours = ours * scale
+        if softcap is not None:
+            ours = softcap * torch.tanh(ours / softcap)
+        theirs = logits[:, -1, :].double()
+        difference = float((ours - theirs).abs().max())
+        size = max(1.0, float(ours.abs().max()))
+    tolerance = max(1e-4, 4 * torch.finfo(hidden.dtype).eps) * size
+    if not difference <= tolerance:
+        raise ValueError(f"causal_lm_loss: {name}'s logits are not its output embeddings "
+                         f"applied to its decoder's last hidden states with logit_scale="
+                         f"{scale}, softcap={softcap} (from its config): they differ by "
+                         f"{difference:.3g} (tolerance {tolerance:.3g}); its head does "
+                         f"something else, not covered (use model(**batch).loss)")

@@ -1,0 +1,256 @@
+"""A language model's output projection and cross-entropy over chunks of tokens, exactly: the
+full logits (tokens x vocabulary) never exist.
+
+    loss = act.chunked_cross_entropy(hidden, lm_head.weight, labels, shift=True)
+    loss.backward()        # hidden, lm_head.weight get the gradients of the unchunked loss
+
+Forward takes the tokens that have a target, a chunk at a time: the chunk's logits (hidden @
+weight.T + bias, scaled and soft-capped where asked), their log-sum-exp in float32, the
+chunk's loss and, in the same pass, the gradient of the loss with respect to the chunk's
+logits (softmax minus one-hot, over the divisor), turned at once into the chunk's rows of the
+hidden states' gradient and its share of the weight's and bias's gradient; then the chunk's
+logits are freed. Backward only scales those gradients by the loss's incoming gradient and
+hands them over. (The technique of Liger Kernel's fused linear cross-entropy, written in
+plain torch. Apple's Cut Cross-Entropy instead keeps only the log-sum-exp and recomputes the
+logits in backward: no stored gradients, one more pass of the projection.)
+
+Memory: a few chunk x vocab float32 buffers at a time, plus the gradients the forward keeps
+for backward: the hidden states' (tokens x hidden, their dtype) and the weight's (vocab x
+hidden, the weight's dtype: the size its .grad has anyway; backward hands this very tensor
+over, so autograd puts it in .grad without a copy), each only where it is needed (a frozen
+weight gets none; under no_grad there is none). The weight's and bias's gradients add up over
+the chunks in float32: for a bfloat16 or float16 weight, forward holds a float32 sum (twice
+the weight's size) and casts it to the weight's dtype at its end; added up in bfloat16, each
+chunk would round the sum once more and the error would grow with the chunk count. These gradients are kept on the Function, not
+saved through autograd's saved tensors: saved-tensor hooks (compress_saved) never see them,
+because a lossily stored gradient would make the loss inexact. So backward runs once per
+forward: a second backward through the same graph (retain_graph=True) raises.
+
+The result equals `F.cross_entropy(hidden @ weight.T + bias, labels)` (with the logits in
+float32, as transformers' losses take them), loss and gradients, up to float summation
+order. Tokens without a target (ignore_index) cost nothing: no logits are computed for them
+and their rows of the gradient are zero. With no target at all, the mean is NaN (0/0) and the
+gradients are zero, as torch's; with num_items_in_batch it is 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy skip
+CHUNK_LOGITS_BYTES = 32 << 20  # the default chunk: this many bytes of float32 logits
+
+
+def default_chunk_tokens(vocab_size: int) -> int:
+    """The default chunk: as many tokens as make CHUNK_LOGITS_BYTES of float32 logits (256
+    tokens at a 32k vocabulary), at least one."""
+    return max(1, CHUNK_LOGITS_BYTES // (4 * vocab_size))
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                          bias: torch.Tensor | None = None, chunk_tokens: int | None = None,
+                          ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
+                          num_items_in_batch=None, shift: bool = False,
+                          logit_scale: float | None = None,
+                          softcap: float | None = None) -> torch.Tensor:
+    """The cross-entropy of `labels` under the logits `hidden @ weight.T + bias`, computed
+    `chunk_tokens` targets at a time (default: default_chunk_tokens(vocab)).
+
+    hidden: (..., hidden_size), floating; weight: (vocab, hidden_size), and bias (vocab,),
+    of hidden's dtype and device. labels: integers of shape hidden.shape[:-1], each in
+    [0, vocab) or `ignore_index`. shift=True: the target of position t is labels[..., t + 1]
+    (a causal language model's labels, as transformers shifts them; the last position of a
+    row has none). The logits: `logit_scale * (hidden @ weight.T + bias)`, then, with
+    `softcap`, `softcap * tanh(logits / softcap)`; the log-softmax is taken in float32 (in
+    float64 for float64 inputs).
+
+    reduction="mean": the sum of the targets' losses over their count, or over
+    `num_items_in_batch` where given (transformers' gradient-accumulation normalization: then
+    0, not NaN, when there is no target); "sum": their sum. Returns a 0-dim float32 tensor
+    (float64 for float64 inputs)."""
+    _check(hidden, weight, bias, labels, chunk_tokens, reduction, num_items_in_batch, shift,
+           logit_scale, softcap)
+    vocab = weight.shape[0]
+    targets = labels
+    if shift:
+        targets = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    targets = targets.reshape(-1).to(hidden.device)
+    rows = (targets != ignore_index).nonzero().squeeze(1)
+    if rows.numel():
+        low, high = int(targets[rows].min()), int(targets[rows].max())
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise ValueError(f"chunked_cross_entropy: label {bad} is outside the vocabulary "
+                             f"[0, {vocab}) and is not ignore_index ({ignore_index})")
+    if reduction == "sum":
+        divisor = 1.0
+    elif num_items_in_batch is not None:
+        divisor = float(num_items_in_batch)
+    else:
+        divisor = float(rows.numel())  # 0 with no target: the loss is 0/0, NaN, as torch's
+    grad_on = torch.is_grad_enabled()
+    options = _Options(
+        chunk_tokens=chunk_tokens or default_chunk_tokens(vocab), divisor=divisor,
+        logit_scale=None if logit_scale is None else float(logit_scale),
+        softcap=None if softcap is None else float(softcap),
+        grad_hidden=grad_on and hidden.requires_grad,
+        grad_weight=grad_on and weight.requires_grad,
+        grad_bias=grad_on and bias is not None and bias.requires_grad)
+    return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, rows, options)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    chunk_tokens: int
+    divisor: float          # the loss is the targets' summed loss over this
+    logit_scale: float | None
+    softcap: float | None
+    grad_hidden: bool       # which gradients forward computes (only those backward can use)
+    grad_weight: bool
+    grad_bias: bool
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss and the gradients it will need; backward scales them."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, rows, options: _Options):
+        loss, grads = chunked_loss_and_grads(hidden, weight, bias, targets, rows, options)
+        ctx.grads = grads  # not save_for_backward: see the module's docstring
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss):
+        grads, ctx.grads = ctx.grads, None  # handed over: autograd may take them as .grad
+        if grads is None:
+            raise RuntimeError("chunked_cross_entropy: backward ran a second time through the "
+                               "same forward; its gradients are computed in forward and handed "
+                               "over once (retain_graph=True is not supported): run the "
+                               "forward again")
+        if float(grad_loss) != 1.0:
+            for grad in grads:
+                if grad is not None:
+                    grad.mul_(grad_loss.to(grad.dtype))  # ours alone: in place, no copy
+        grad_hidden, grad_weight, grad_bias = grads
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def chunked_loss_and_grads(hidden, weight, bias, targets, rows, options: _Options):
+    """The loss and (grad_hidden, grad_weight, grad_bias) of the loss (None where not asked
+    for), one chunk of `rows` (the flat positions that have a target) at a time."""
+    size = hidden.shape[-1]
+    flat = hidden.reshape(-1, size)
+    compute = torch.promote_types(hidden.dtype, torch.float32)
+    grad_hidden = torch.zeros_like(flat) if options.grad_hidden else None
+    # The weight's and bias's gradients add up over chunks in float32 (at least): added up in
+    # bfloat16, each chunk would round the sum again, the error growing with the chunk count.
+    grad_weight = (torch.zeros(weight.shape, dtype=compute, device=weight.device)
+                   if options.grad_weight else None)
+    grad_bias = (torch.zeros(bias.shape, dtype=compute, device=bias.device)
+                 if options.grad_bias else None)
+    any_grad = options.grad_hidden or options.grad_weight or options.grad_bias
+    total = torch.zeros((), dtype=compute, device=hidden.device)
+    for start in range(0, rows.numel(), options.chunk_tokens):
+        chunk = rows[start:start + options.chunk_tokens]
+        h = flat.index_select(0, chunk)
+        t = targets.index_select(0, chunk)
+        z = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
+        logits = z.to(compute)  # z itself in float32: the steps below work in place
+        del z
+        if options.logit_scale is not None:
+            logits.mul_(options.logit_scale)
+        tanh = None
+        if options.softcap is not None:
+            tanh = logits.div_(options.softcap).tanh_()
+            logits = tanh * options.softcap
+        lse = torch.logsumexp(logits, dim=1)
+        total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+        if not any_grad:
+            continue
+        # d loss / d logits = (softmax - onehot(target)) / divisor, then back through the cap
+        # (d/dx c*tanh(x/c) = 1 - tanh^2) and the scale: the chunk's logits become its gradient.
+        grad = logits.sub_(lse[:, None]).exp_()
+        grad[torch.arange(len(chunk), device=grad.device), t] -= 1.0
+        factor = (options.logit_scale or 1.0) / options.divisor
+        if tanh is not None:
+            grad.mul_(tanh.mul_(tanh).neg_().add_(1.0))
+            del tanh
+        grad.mul_(factor)
+        if grad_hidden is not None:  # in hidden's dtype, as autograd's matmul would
+            grad_hidden.index_copy_(0, chunk, grad.to(hidden.dtype) @ weight)
+        if grad_weight is not None:
+            grad_weight.addmm_(grad.t(), h.to(compute))
+        if grad_bias is not None:
+            grad_bias += grad.sum(0)
+        del grad, logits
+    loss = total / options.divisor
+    if grad_hidden is not None:
+        grad_hidden = grad_hidden.view(hidden.shape)
+    if grad_weight is not None:
+        grad_weight = grad_weight.to(weight.dtype)  # the same tensor where that is float32
+    if grad_bias is not None:
+        grad_bias = grad_bias.to(bias.dtype)
+    return loss, (grad_hidden, grad_weight, grad_bias)
+
+
+def _check(hidden, weight, bias, labels, chunk_tokens, reduction, num_items_in_batch, shift,
+           logit_scale, softcap):
+    name = "chunked_cross_entropy"
+    for label, t in (("hidden", hidden), ("weight", weight), ("labels", labels)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {label} must be a tensor, got {type(t).__name__}")
+    if not hidden.is_floating_point() or hidden.dim() < 1:
+        raise ValueError(f"{name}: hidden must be a floating tensor (..., hidden_size), got "
+                         f"{hidden.dtype} of shape {tuple(hidden.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"{name}: weight must be (vocab, hidden_size={hidden.shape[-1]}), got "
+                         f"shape {tuple(weight.shape)}")
+    if weight.dtype != hidden.dtype or weight.device != hidden.device:
+        raise ValueError(f"{name}: weight ({weight.dtype}, {weight.device}) must have hidden's "
+                         f"dtype and device ({hidden.dtype}, {hidden.device})")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"{name}: bias must be a tensor of shape ({weight.shape[0]},), got "
+                             f"{getattr(bias, 'shape', type(bias).__name__)}")
+        if bias.dtype != hidden.dtype or bias.device != hidden.device:
+            raise ValueError(f"{name}: bias ({bias.dtype}, {bias.device}) must have hidden's "
+                             f"dtype and device ({hidden.dtype}, {hidden.device})")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"{name}: labels must be integer class indices, got {labels.dtype}")
+    if tuple(labels.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(f"{name}: labels' shape {tuple(labels.shape)} must be hidden's without "
+                         f"its last dimension, {tuple(hidden.shape[:-1])}")
+    if shift and labels.dim() < 1:
+        raise ValueError(f"{name}: shift=True needs labels with a sequence dimension, got a "
+                         f"0-dim tensor")
+    if chunk_tokens is not None and (isinstance(chunk_tokens, bool)
+                                     or not isinstance(chunk_tokens, numbers.Integral)
+                                     or chunk_tokens < 1):
+        raise ValueError(f"{name}: chunk_tokens must be a positive int or None, got "
+                         f"{chunk_tokens!r}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"{name}: reduction must be 'mean' or 'sum', got {reduction!r}")
+    if num_items_in_batch is not None:
+        if reduction != "mean":
+            raise ValueError(f"{name}: num_items_in_batch divides the summed loss in place of "
+                             f"the count of targets; it goes with reduction='mean', not "
+                             f"{reduction!r}")
+        items = num_items_in_batch
+        if isinstance(items, torch.Tensor) and items.numel() == 1:
+            items = items.item()
+        if isinstance(items, bool) or not isinstance(items, numbers.Real) or not items > 0:
+            raise ValueError(f"{name}: num_items_in_batch must be a positive number (or a "
+                             f"one-element tensor), got {num_items_in_batch!r}")
+    for label, value in (("logit_scale", logit_scale), ("softcap", softcap)):
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                or not math.isfinite(value) or (label == "softcap" and value <= 0)):
+            raise ValueError(f"{name}: {label} must be a finite number{' above 0' if label == 'softcap' else ''} "
+                             f"or None, got {value!r}")
