@@ -37,6 +37,7 @@ import json
 import mmap
 import os
 import random
+import shlex
 import statistics
 import struct
 import subprocess
@@ -249,14 +250,57 @@ def worker(model_name: str, config: str, limit: int | None, size: dict, steps: i
     return out
 
 
-def _plan_words(step) -> str:
-    """The plan a step ran, without its prediction: micro-batches, recomputation, storage."""
+def _plan_words(step) -> dict:
+    """The plan a step ran, without its prediction: micro-batches, blocks recomputed (of how
+    many), storage."""
     plan = step.plan
-    rec = f", recompute {len(plan.recompute)}/{len(step.blocks)}" if plan.recompute else ""
-    return f"{plan.micro_batches} mb{rec}, {plan.storage}"
+    return {"micro_batches": plan.micro_batches, "recompute": len(plan.recompute),
+            "blocks": len(getattr(step, "blocks", ())), "storage": plan.storage}
+
+
+def plan_summary(plans: list) -> list:
+    """Plans grouped by recomputation and storage: their micro-batch counts and steps."""
+    groups: dict = {}
+    for p in plans:
+        if p is not None:
+            key = (p["recompute"], p["blocks"], p["storage"])
+            groups.setdefault(key, []).append(p["micro_batches"])
+    out = []
+    for (rec, blocks, storage), mbs in sorted(groups.items(), key=lambda g: -len(g[1])):
+        span = f"{min(mbs)}" if min(mbs) == max(mbs) else f"{min(mbs)}-{max(mbs)}"
+        what = f"recompute {rec}/{blocks}, {storage}" if rec else storage
+        out.append(f"{what}, {span} micro-batches ({len(mbs)} steps)")
+    return out
 
 
 # --- the parent: a fresh process per configuration, sampled from outside --------------------
+
+def _cpu_times(pid: int) -> dict | None:
+    """Seconds of CPU: the machine's busy time, the worker's and this process's; and now."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        with open(f"/proc/{pid}/stat") as f:
+            worker = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return {"busy": (sum(fields[:8]) - fields[3] - fields[4]) / hz,  # less idle and iowait
+            "worker": (int(worker[11]) + int(worker[12])) / hz, "own": own.user + own.system,
+            "now": time.monotonic()}
+
+
+def others_cores(start: dict | None, end: dict | None) -> float | None:
+    """How many cores other processes kept busy, on average, while the worker's loop ran
+    (the machine's busy time less the worker's and this sampler's): what makes its step
+    times noisy on a shared machine."""
+    if not start or not end or end["now"] <= start["now"]:
+        return None
+    other = sum(end[k] - start[k] if k == "busy" else start[k] - end[k]
+                for k in ("busy", "worker", "own"))
+    return max(0.0, other / (end["now"] - start["now"]))
+
 
 def run_config(model_name: str, config: str, limit: int | None, size: dict, steps: int,
                threads: int, timeout: float) -> dict:
@@ -277,6 +321,7 @@ def run_config(model_name: str, config: str, limit: int | None, size: dict, step
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         peaks: dict = {}  # marker -> the largest VmRSS read while the worker was there
         readings = collections.Counter()  # marker -> how many reads it got
+        cpu = {}  # CPU times when the loop started and ended (see others_cores)
         start = time.monotonic()
         while proc.poll() is None:
             before = struct.unpack_from("q", marker, 0)[0]
@@ -286,6 +331,9 @@ def run_config(model_name: str, config: str, limit: int | None, size: dict, step
             for where in {before, after} if kib is not None else ():
                 peaks[where] = max(peaks.get(where, 0), kib * 1024)
                 readings[where] += 1
+            phase = "start" if after >= 0 else "end" if after == DONE else None
+            if phase and phase not in cpu:
+                cpu[phase] = _cpu_times(proc.pid)
             if time.monotonic() - start > timeout:
                 proc.kill()
                 break
@@ -294,7 +342,7 @@ def run_config(model_name: str, config: str, limit: int | None, size: dict, step
         marker.close()
         result = {"config": config, "limit": limit,
                   "wall": time.monotonic() - start, "returncode": proc.returncode,
-                  "load_after": os.getloadavg()}
+                  "others_cores": others_cores(cpu.get("start"), cpu.get("end"))}
         if os.path.exists(result_path):
             with open(result_path) as f:
                 result.update(json.load(f))
@@ -309,15 +357,28 @@ def run_config(model_name: str, config: str, limit: int | None, size: dict, step
     return result
 
 
-def summarize(r: dict, plain_median: float | None, ckpt_median: float | None) -> dict:
-    """The numbers a row shows."""
+def _ran(r: dict) -> dict:
+    """Step index -> seconds, for the steps after the first that ran (not refused)."""
+    return {i: t for i, (t, loss) in enumerate(zip(r.get("times", []), r.get("losses", [])))
+            if i > 0 and loss is not None}
+
+
+def summarize(r: dict, plain: dict | None = None, checkpoint: dict | None = None) -> dict:
+    """The numbers a row shows. Step time: the median of the steps run after the first; over
+    plain's (and checkpointing's) the same median, and, less moved by a burst of other work
+    on the machine, the median over steps of this step's time over plain's on the same batch."""
     limit = r["limit"]
     step_peaks = r["step_peaks"]
-    times = r.get("times", [])
-    ran = [t for i, t in enumerate(times) if i > 0 and r["losses"][i] is not None]
-    median = statistics.median(ran) if ran else None
+    ran = _ran(r)
+    median = statistics.median(ran.values()) if ran else None
+
+    def ratio(other):
+        if not median or other is None or not _ran(other):
+            return None
+        return median / statistics.median(_ran(other).values())
+
+    same = [t / _ran(plain)[i] for i, t in ran.items() if i in _ran(plain)] if plain else []
     losses = [x for x in r.get("losses", [])[-10:] if x is not None]
-    plans = collections.Counter(p for p in r.get("plans", []) if p is not None)
     return {
         "first_peak": step_peaks[0] if step_peaks else None,
         "largest_peak": max(step_peaks) if step_peaks else None,
@@ -326,11 +387,12 @@ def summarize(r: dict, plain_median: float | None, ckpt_median: float | None) ->
         "unread": sum(n == 0 for n in r.get("step_readings", [])),
         "refused": len(r.get("refused", [])),
         "median": median,
-        "vs_plain": median / plain_median if median and plain_median else None,
-        "vs_checkpoint": median / ckpt_median if median and ckpt_median else None,
+        "vs_plain": ratio(plain),
+        "vs_plain_same_batch": statistics.median(same) if same else None,
+        "vs_checkpoint": ratio(checkpoint),
         "loss": statistics.mean(losses) if losses else None,
-        "loop_seconds": sum(times),
-        "plans": [f"{p} ({n})" for p, n in sorted(plans.items(), key=lambda x: -x[1])],
+        "loop_seconds": sum(r.get("times", [])),
+        "plans": plan_summary(r.get("plans", [])),
     }
 
 
@@ -339,20 +401,21 @@ def _mib(x) -> str:
 
 
 def table(results: dict, size: dict, steps: int) -> str:
-    lines = [f"# Training loop under `act.Step`: {steps} steps, dynamic padding, AdamW",
-             "",
-             f"Python's help text at the byte level, samples of up to {size['max_len']} bytes, "
+    lines = [f"Python's help text at the byte level, samples of up to {size['max_len']} bytes, "
              f"batches of {size['batch'][0]}..{size['batch'][1]} samples from "
-             f"{size['groups']} length groups, padded to the batch's longest; models of "
-             f"{size['layers']} layers x {size['width']}. Peaks: VmRSS read from outside "
-             f"every ms (and VmHWM for plain and checkpoint); steps over: steps whose peak "
-             f"exceeded the limit; step ms: the median of the steps run after the first; "
-             f"loop s: all steps, the first's probes included.",
+             f"{size['groups']} length groups padded to the batch's longest, {steps} steps, "
+             f"AdamW; models of {size['layers']} layers x {size['width']}, random init. "
+             f"Peaks: the worker's VmRSS read from outside every ms (and its VmHWM for plain "
+             f"and checkpoint); over: steps whose peak exceeded the limit; step ms: the median "
+             f"of the steps run after the first; / plain: that median over plain's, and in "
+             f"brackets the median over steps of the step's time over plain's on the same "
+             f"batch; loop s: all steps, the first's probes included; others: cores other "
+             f"processes kept busy during the loop (timing noise).",
              "",
              "| model | config | limit MiB | largest step peak MiB | first step peak MiB "
-             "| steps over | refused | step ms | / plain | / checkpoint | loop s "
+             "| over | refused | step ms | / plain | / checkpoint | loop s | others "
              "| loss, last 10 | plans (steps) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
     for model_name, runs in results.items():
         first = True
@@ -367,12 +430,15 @@ def table(results: dict, size: dict, steps: int) -> str:
                 peak += f" (VmHWM {_mib(r.get('vmhwm'))})"
             plans = "; ".join(s["plans"]) if s["plans"] else "-"
             unread = f" ({s['unread']} steps not read)" if s["unread"] else ""
+            same = "" if r["config"] == "plain" or s["vs_plain_same_batch"] is None else \
+                f" ({s['vs_plain_same_batch']:.2f})"
             lines.append(
                 f"| {NAMES[model_name] if first else ''} | {label} | {_mib(r['limit'])} | "
                 f"{peak} | {_mib(s['first_peak'])} | {fmt(s['over'], '{}')}{unread} | "
                 f"{s['refused']} | {fmt(s['median'] and s['median'] * 1e3, '{:.0f}')} | "
-                f"{fmt(s['vs_plain'], '{:.2f}')} | {fmt(s['vs_checkpoint'], '{:.2f}')} | "
-                f"{s['loop_seconds']:.0f} | {fmt(s['loss'], '{:.3f}')} | {plans} |")
+                f"{fmt(s['vs_plain'], '{:.2f}')}{same} | {fmt(s['vs_checkpoint'], '{:.2f}')} | "
+                f"{s['loop_seconds']:.0f} | {fmt(r.get('others_cores'), '{:.1f}')} | "
+                f"{fmt(s['loss'], '{:.3f}')} | {plans} |")
             first = False
     return "\n".join(lines)
 
@@ -400,10 +466,8 @@ def run_model(model_name: str, size: dict, steps: int, threads: int, timeout: fl
         limit = int(floor + f * (peak - floor))
         name = {1.0: "1", 0.5: "1/2"}.get(f, "1/3")
         go("step", f"Step, limit floor + {name} x (plain - floor)", limit)
-    plain_median = summarize(plain, None, None)["median"]
-    ckpt_median = summarize(runs[1], None, None)["median"]
     for r in runs:
-        r["summary"] = summarize(r, plain_median, ckpt_median)
+        r["summary"] = summarize(r, plain, runs[1])
     return runs
 
 
@@ -426,15 +490,18 @@ def main(argv=None) -> int:
                for m in args.models}
     for runs in results.values():  # a plain run that failed leaves no summary to compare
         for r in runs:
-            r.setdefault("summary", summarize(r, None, None))
+            r.setdefault("summary", summarize(r))
+    command = shlex.join(["python", "bench/loop.py", *(sys.argv[1:] if argv is None else argv)])
     text = table(results, size, steps)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "loop.md").write_text(text + "\n")
+    (args.out / "loop.md").write_text(
+        f"# A training loop under `act.Step`, measured from outside\n\n`{command}`\n\n"
+        f"{text}\n")
     sys.path.insert(0, str(HERE))
     import harness
 
-    raw = {"command": "python bench/loop.py" + (" --quick" if args.quick else ""),
+    raw = {"command": command,
            "size": size, "steps": steps, "machine": harness.machine(args.threads),
            "results": results}
     (args.out / "loop.json").write_text(json.dumps(raw, indent=1) + "\n")
