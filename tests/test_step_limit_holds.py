@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+
 pytest.importorskip("transformers")
 if not Path("/proc/self/status").exists():
     pytest.skip("reads another process's memory from /proc", allow_module_level=True)
@@ -78,3 +80,51 @@ def test_a_limit_below_one_sample_is_refused_before_the_process_crosses_it():
     # one sample's probe is the least that can be tried (it goes past the limit here); no
     # larger probe follows it, so the process stays below the smallest limit it names
     assert seen <= events[1]["needed"]
+
+
+def test_every_step_of_a_padded_loop_under_a_limit_gives_the_plain_gradient():
+    """Batches of varying samples and lengths, padded labels, under a limit tight enough
+    that Step splits them: each step's gradient equals plain full-batch training's
+    (cosine >= 0.99999), on a GPT-2 and a Llama layout."""
+    import copy
+
+    import torch
+    import transformers
+
+    import actcodec.torch as act
+    from actcodec import resident
+    from _limit_loop_worker import batch
+
+    def cosine(a, b):
+        return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+
+    layouts = {
+        "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_embd=128, n_layer=2, n_head=4, vocab_size=1024, n_positions=512,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+        "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
+            max_position_embeddings=512)),
+    }
+    shapes = [(4, 64), (12, 192), (3, 40)]
+    for name, make in layouts.items():
+        torch.manual_seed(0)
+        model = make()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        step = act.Step(model, limit=resident.live() + 80 * MiB, optimizer=opt, exact=True)
+        split = 0
+        for i, (n, t) in enumerate(shapes):
+            b = batch(n, t, 1024, 10 + i)
+            ref = copy.deepcopy(model)  # the same weights, trained plainly on this batch
+            ref(**b).loss.backward()
+            want = torch.cat([p.grad.flatten() for p in ref.parameters()])
+            del ref
+            step(b)
+            got = torch.cat([p.grad.flatten() for p in model.parameters()])
+            assert cosine(got, want) >= 0.99999, (name, i, step.describe())
+            split += step.plan.micro_batches > 1 or bool(step.plan.recompute)
+            opt.step()
+            opt.zero_grad()
+        step.close()
+        assert split, f"{name}: no step needed a plan other than plain training"
