@@ -25,7 +25,11 @@ probes included; for plain and checkpoint also the worker's VmHWM at its end (St
 the kernel's high-water mark, so for Step runs only the sampled peak counts). `step.stats`
 is not read. A step refused with MemoryLimitError is skipped (no optimizer step) and counted.
 Step time: the median of the loop's steps after the first (forward, backward, optimizer
-step), as a ratio to plain's median measured in the same run.
+step), as a ratio to plain's median measured in the same run, and the median over steps of
+each step's time over plain's on the same batch. On a shared machine two torch threads slow
+several times over when another process takes a core, so each run also reports the cores
+other processes kept busy during its loop, and a run above QUIET is run again (--retries),
+the quietest kept; what every run measured against the limit is reported.
 
 Output: a markdown table (printed, and written to OUT/loop.md) and the raw numbers beside it
 (OUT/loop.json)."""
@@ -55,6 +59,7 @@ VOCAB = 257
 FRACTIONS = (1.0, 1 / 2, 1 / 3)
 SETUP, DONE = -1, -2  # step markers outside the loop
 SAMPLE_PERIOD = 0.001
+QUIET = 0.25  # cores other processes may keep busy during a run whose step times count
 
 # Sizes: the model and the loop. Full: under ~15 minutes on 2 cores for both models.
 SIZES = {
@@ -384,6 +389,8 @@ def summarize(r: dict, plain: dict | None = None, checkpoint: dict | None = None
         "largest_peak": max(step_peaks) if step_peaks else None,
         "over": None if limit is None else sum(p > limit for p in step_peaks)
         + (r["setup_peak"] > limit),
+        "over_not_kept": None if limit is None else sum(
+            sum(p > limit for p in t["step_peaks"]) for t in r.get("not_kept", [])),
         "unread": sum(n == 0 for n in r.get("step_readings", [])),
         "refused": len(r.get("refused", [])),
         "median": median,
@@ -410,7 +417,8 @@ def table(results: dict, size: dict, steps: int) -> str:
              f"of the steps run after the first; / plain: that median over plain's, and in "
              f"brackets the median over steps of the step's time over plain's on the same "
              f"batch; loop s: all steps, the first's probes included; others: cores other "
-             f"processes kept busy during the loop (timing noise).",
+             f"processes kept busy during the loop (timing noise; a run above {QUIET} is "
+             f"run again, the quietest kept).",
              "",
              "| model | config | limit MiB | largest step peak MiB | first step peak MiB "
              "| over | refused | step ms | / plain | / checkpoint | loop s | others "
@@ -430,6 +438,8 @@ def table(results: dict, size: dict, steps: int) -> str:
                 peak += f" (VmHWM {_mib(r.get('vmhwm'))})"
             plans = "; ".join(s["plans"]) if s["plans"] else "-"
             unread = f" ({s['unread']} steps not read)" if s["unread"] else ""
+            if s["over_not_kept"]:
+                unread += f" ({s['over_not_kept']} in runs not kept)"
             same = "" if r["config"] == "plain" or s["vs_plain_same_batch"] is None else \
                 f" ({s['vs_plain_same_batch']:.2f})"
             lines.append(
@@ -443,18 +453,33 @@ def table(results: dict, size: dict, steps: int) -> str:
     return "\n".join(lines)
 
 
-def run_model(model_name: str, size: dict, steps: int, threads: int, timeout: float,
-              log) -> list:
+def run_model(model_name: str, size: dict, steps: int, args, log) -> list:
+    """Plain, checkpointing, then Step at the limits plain's peak gives, each in a fresh
+    process. A run whose loop shared the machine (other processes kept more than QUIET cores
+    busy) is run again, up to args.retries times, and the quietest kept: its step times are
+    what the machine gives, not what another job left. What every run measured against the
+    limit is kept (a limit exceeded in a run not kept still shows)."""
     runs = []
 
     def go(config, label, limit=None):
-        r = run_config(model_name, config, limit, size, steps, threads, timeout)
-        r["label"] = label
-        runs.append(r)
-        log(f"{model_name} {label}: limit {_mib(limit)} MiB, largest step peak "
-            f"{_mib(max(r['step_peaks'], default=None))} MiB, {len(r.get('times', []))} steps, "
-            f"{r['wall']:.0f} s{' ERROR' if r.get('error') else ''}")
-        return r
+        tries = []
+        for _ in range(1 + args.retries):
+            r = run_config(model_name, config, limit, size, steps, args.threads, args.timeout)
+            tries.append(r)
+            log(f"{model_name} {label}: limit {_mib(limit)} MiB, largest step peak "
+                f"{_mib(max(r['step_peaks'], default=None))} MiB, "
+                f"{len(r.get('times', []))} steps, {r['wall']:.0f} s, others "
+                f"{r.get('others_cores') or 0:.2f} cores{' ERROR' if r.get('error') else ''}")
+            if r.get("error") or (r.get("others_cores") or 0) <= QUIET:
+                break
+        kept = tries[-1] if tries[-1].get("error") else min(
+            tries, key=lambda t: t.get("others_cores") or 0)
+        kept["label"] = label
+        kept["not_kept"] = [{"others_cores": t.get("others_cores"),
+                             "step_peaks": t["step_peaks"], "error": t.get("error")}
+                            for t in tries if t is not kept]
+        runs.append(kept)
+        return kept
 
     plain = go("plain", "plain")
     if plain.get("error"):
@@ -478,6 +503,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    p.add_argument("--retries", type=int, default=2,
+                   help=f"runs again a configuration whose loop shared the machine (other "
+                        f"processes busy on more than {QUIET} cores), keeping the quietest")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "limits")
     args = p.parse_args(argv)
     size = SIZES["quick" if args.quick else "full"]
@@ -486,7 +514,7 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    results = {m: run_model(m, size, steps, args.threads, args.timeout, log)
+    results = {m: run_model(m, size, steps, args, log)
                for m in args.models}
     for runs in results.values():  # a plain run that failed leaves no summary to compare
         for r in runs:
