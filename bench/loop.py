@@ -496,6 +496,16 @@ def run_model(model_name: str, size: dict, steps: int, args, log) -> list:
     return runs
 
 
+def _source() -> dict:
+    """The checkout measured: its commit and the tracked files changed since."""
+    def git(*cmd):
+        out = subprocess.run(["git", *cmd], cwd=str(ROOT), capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    changed = git("diff", "--name-only", "HEAD")
+    return {"commit": git("rev-parse", "HEAD"), "changed": changed.split() if changed else []}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller models, fewer steps")
@@ -529,7 +539,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     import harness
 
-    raw = {"command": command,
+    raw = {"command": command, "source": _source(),
            "size": size, "steps": steps, "machine": harness.machine(args.threads),
            "results": results}
     (args.out / "loop.json").write_text(json.dumps(raw, indent=1) + "\n")
