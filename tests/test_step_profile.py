@@ -58,3 +58,41 @@ def test_the_budget_probe_measures_the_budgets_own_work(monkeypatch):
                                    split=True, spill_dir=None, budgeted=Budgeted())
     budget = next(s for s in profile.storages if s.name == "budget")
     assert budget.extra == pytest.approx(EXTRA)
+
+
+def test_the_lossless_probe_measures_the_codecs_own_work(monkeypatch):
+    """Saves half zeros: the lossless storage holds about half of them; its probe peaks
+    EXTRA a sample above what that cut predicts (decoding beside the gradients)."""
+    def probe(run_loss, params, samples, recompute=(), storage=None):
+        out = step_profile.Probe(samples, recompute)
+        out.saved = {None: SAVED * samples}
+        out.surveys = [(SAVED * samples // 4, SAVED * samples // 8, 4)]  # half nonzero
+        ratio = step_profile.storage_ratio(out, None, None)
+        out.peak = FIXED + PER_SAMPLE * samples
+        if storage is not None:
+            out.peak -= (1 - ratio) * SAVED * samples - EXTRA * samples
+        out.seconds = 0.01 * samples
+        return out
+
+    monkeypatch.setattr(step_profile, "probe", probe)
+    profile = step_profile.measure(lambda n: None, torch.nn.Linear(4, 4), [], 16,
+                                   ("plain", "lossless"), split=True, spill_dir=None,
+                                   lossless=Budgeted())
+    lossless = next(s for s in profile.storages if s.name == "lossless")
+    assert 0.4 < lossless.ratio < 0.6
+    assert lossless.extra == pytest.approx(EXTRA)
+
+
+def test_no_probe_follows_one_that_went_past_the_room(monkeypatch):
+    """One sample's probe already beyond the room: no larger probe, no recomputation or
+    storage probe runs, and no plan is trusted below what it peaked at."""
+    from actcodec.torch.limit import limit_plan
+
+    sizes = []
+    monkeypatch.setattr(step_profile, "probe", fake_probe(sizes))
+    room = FIXED + PER_SAMPLE // 2
+    profile = step_profile.measure(lambda n: None, torch.nn.Linear(4, 4), [], 16,
+                                   ("plain", "paged"), split=True, spill_dir=None, room=room,
+                                   paged=Budgeted(), budgeted=Budgeted(), lossless=Budgeted())
+    assert sizes == [1, 1]
+    assert limit_plan.smallest(profile) >= FIXED + PER_SAMPLE - 1

@@ -261,7 +261,8 @@ class Step:
                     self.blocks, size, _storages(self.bits, self.exact), self._split(),
                     self.spill_dir, room=planning.available(limit - floor),
                     paged=self._context("paged"), bits=self.bits,
-                    budgeted=None if self.exact else self._context("budget"))
+                    budgeted=None if self.exact else self._context("budget"),
+                    lossless=self._context("lossless"))
                 self._planning.add(units, measured)
                 seconds["profile"] = time.perf_counter() - t0
                 floor = self._floor()  # the probes' lazy state (libraries, heap)

@@ -119,7 +119,7 @@ def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
 
 def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: bool,
             spill_dir: str | None, room: float | None = None, paged=None,
-            bits: int = 8, budgeted=None) -> limit_plan.Profile:
+            bits: int = 8, budgeted=None, lossless=None) -> limit_plan.Profile:
     """The step's profile for a batch of `batch` samples: probes of k samples and of 2k
     (where they fit in `room` bytes above the floor), each twice and the second counted (the
     first warms lazy state up and lays memory out first fit), buffers restored after. k is 1
@@ -168,6 +168,12 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             probe(run_loss, params, k, storage=budgeted)
             budget_probe = probe(run_loss, params, k, storage=budgeted)
             timed["budget"] = budget_probe.seconds
+        lossless_probe = None
+        if lossless is not None and not beyond and storage_ratio(one, None, None) <= 0.97:
+            # the lossless codec's own work (decoding beside the gradients), as the budget's
+            probe(run_loss, params, k, storage=lossless)
+            lossless_probe = probe(run_loss, params, k, storage=lossless)
+            timed["lossless"] = lossless_probe.seconds
     finally:
         with torch.no_grad():
             for b, value in buffers:
@@ -222,6 +228,10 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             # encoding beside the original, decoding beside the gradients
             expected = one.peak - effect * sum(one.saved.values()) / 2
             extra = max(0.0, (budget_probe.peak - expected) / k)
+        if name == "lossless" and lossless_probe is not None:
+            expected = one.peak - effect * (1 - storage_ratio(one, None, None)) * sum(
+                one.saved.values())
+            extra = max(0.0, (lossless_probe.peak - expected) / k)
         made.append(limit_plan.Storage(name, ratio, seconds, exact=codec not in LOSSY,
                                        extra=extra))
     return limit_plan.Profile(batch=batch, fixed=fixed, work=work,
