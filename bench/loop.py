@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import mmap
 import os
@@ -389,6 +390,8 @@ def summarize(r: dict, plain: dict | None = None, checkpoint: dict | None = None
         "largest_peak": max(step_peaks) if step_peaks else None,
         "over": None if limit is None else sum(p > limit for p in step_peaks)
         + (r["setup_peak"] > limit),
+        "most_over": None if limit is None else max(
+            [p - limit for p in step_peaks] + [r["setup_peak"] - limit, 0]),
         "over_not_kept": None if limit is None else sum(
             sum(p > limit for p in t["step_peaks"]) for t in r.get("not_kept", [])),
         "unread": sum(n == 0 for n in r.get("step_readings", [])),
@@ -413,7 +416,8 @@ def table(results: dict, size: dict, steps: int) -> str:
              f"{size['groups']} length groups padded to the batch's longest, {steps} steps, "
              f"AdamW; models of {size['layers']} layers x {size['width']}, random init. "
              f"Peaks: the worker's VmRSS read from outside every ms (and its VmHWM for plain "
-             f"and checkpoint); over: steps whose peak exceeded the limit; step ms: the median "
+             f"and checkpoint); over: steps whose peak exceeded the limit (VmRSS comes from "
+             f"per-CPU counters and can be a fraction of a MiB off); step ms: the median "
              f"of the steps run after the first; / plain: that median over plain's, and in "
              f"brackets the median over steps of the step's time over plain's on the same "
              f"batch; loop s: all steps, the first's probes included; others: cores other "
@@ -438,6 +442,8 @@ def table(results: dict, size: dict, steps: int) -> str:
                 peak += f" (VmHWM {_mib(r.get('vmhwm'))})"
             plans = "; ".join(s["plans"]) if s["plans"] else "-"
             unread = f" ({s['unread']} steps not read)" if s["unread"] else ""
+            if s["over"]:
+                unread += f", by up to {s['most_over'] / MiB:.1f} MiB"
             if s["over_not_kept"]:
                 unread += f" ({s['over_not_kept']} in runs not kept)"
             same = "" if r["config"] == "plain" or s["vs_plain_same_batch"] is None else \
@@ -497,13 +503,16 @@ def run_model(model_name: str, size: dict, steps: int, args, log) -> list:
 
 
 def _source() -> dict:
-    """The checkout measured: its commit and the tracked files changed since."""
+    """The checkout measured: its commit, the tracked files changed since, and a hash of
+    what changed in the package (to see that it did not change during the run)."""
     def git(*cmd):
         out = subprocess.run(["git", *cmd], cwd=str(ROOT), capture_output=True, text=True)
         return out.stdout.strip() if out.returncode == 0 else None
 
     changed = git("diff", "--name-only", "HEAD")
-    return {"commit": git("rev-parse", "HEAD"), "changed": changed.split() if changed else []}
+    diff = git("diff", "HEAD", "--", "actcodec")
+    return {"commit": git("rev-parse", "HEAD"), "changed": changed.split() if changed else [],
+            "actcodec_diff_sha256": hashlib.sha256((diff or "").encode()).hexdigest()}
 
 
 def main(argv=None) -> int:
@@ -524,6 +533,7 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
+    source = _source()  # each worker imports the checkout anew: it must not change meanwhile
     results = {m: run_model(m, size, steps, args, log)
                for m in args.models}
     for runs in results.values():  # a plain run that failed leaves no summary to compare
@@ -539,7 +549,11 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     import harness
 
-    raw = {"command": command, "source": _source(),
+    if _source() != source:
+        log(f"warning: the checkout changed during the run (from {source}); its numbers mix "
+            f"two versions")
+        source["changed_during_run"] = _source()
+    raw = {"command": command, "source": source,
            "size": size, "steps": steps, "machine": harness.machine(args.threads),
            "results": results}
     (args.out / "loop.json").write_text(json.dumps(raw, indent=1) + "\n")

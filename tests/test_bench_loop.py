@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+MiB = 1 << 20
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "loop.py"
 TINY = {"layers": 1, "width": 64, "heads": 2, "max_len": 128, "batch": (2, 8), "steps": 4,
         "groups": 2}
@@ -59,9 +60,10 @@ def test_outside_sampler_gives_every_step_a_peak(loop):
     assert len(r["times"]) == 3 and len(r["losses"]) == 3
     assert all(n > 0 for n in r["step_readings"])  # every step was read from outside
     assert all(p > 0 for p in r["step_peaks"])
-    # what was read from outside is RSS the process really reached: never above the
-    # kernel's own high-water mark (nothing resets it in a plain run)
-    assert max(r["step_peaks"]) <= r["vmhwm"]
+    # what was read from outside is RSS the process really reached: not above the kernel's
+    # own high-water mark (nothing resets it in a plain run), up to the slack of the
+    # kernel's per-CPU RSS counters (measured: 0.3 MiB over, once in five runs)
+    assert max(r["step_peaks"]) <= r["vmhwm"] + 2 * MiB
     assert r["floor_rss"] <= r["vmhwm"]
 
 
