@@ -275,7 +275,8 @@ def plan_summary(plans: list) -> list:
     for (rec, blocks, storage), mbs in sorted(groups.items(), key=lambda g: -len(g[1])):
         span = f"{min(mbs)}" if min(mbs) == max(mbs) else f"{min(mbs)}-{max(mbs)}"
         what = f"recompute {rec}/{blocks}, {storage}" if rec else storage
-        out.append(f"{what}, {span} micro-batches ({len(mbs)} steps)")
+        out.append(f"{what}, {span} micro-batch{'es' * (max(mbs) > 1)} "
+                   f"({len(mbs)} step{'s' * (len(mbs) > 1)})")
     return out
 
 
