@@ -176,19 +176,22 @@ def test_a_storages_own_work_adds_to_each_sample():
 
 
 @settings(max_examples=200, deadline=None)
-@given(a=st.floats(0, 1e6), b=st.floats(0, 1e4), units=st.floats(1, 4096),
-       other=st.floats(1, 4096))
-def test_a_profile_scaled_to_another_shape_bounds_what_it_costs_there(a, b, units, other):
-    """Per sample, a cost a*u + b*u**2 (linear parts, attention's quadratic scores) measured
-    at `units` elements per sample: the profile scaled to `other` never predicts less than
-    the cost there, whether the sample grew or shrank."""
-    cost = lambda u: a * u + b * u * u
+@given(c=st.floats(0, 1e8), a=st.floats(0, 1e6), b=st.floats(0, 1e4),
+       units=st.floats(1, 4096), other=st.floats(1, 4096))
+def test_a_profile_scaled_to_another_shape_bounds_what_it_costs_there(c, a, b, units, other):
+    """Per sample, a cost c + a*u + b*u**2 (a part that does not grow, linear parts,
+    attention's quadratic scores) measured at `units` elements per sample: the profile
+    scaled to `other` never predicts less than the cost there, whether it grew or shrank."""
+    cost = lambda u: c + a * u + b * u * u
     profile = lp.Profile(batch=4, fixed=1e6, work=cost(units), rest=cost(units),
                          blocks=(lp.Block(cost(units), cost(units) / 8, 1e-3),), units=units,
                          least=cost(units))
     there = lp.scaled(profile, other)
     for got in (there.work, there.rest, there.blocks[0].saved, there.least):
         assert got >= cost(other) * (1 - 1e-9)
+    # and a kind of plan not yet run is trusted no more than the worst any kind has shown
+    measured = lp.Measured(caution=0.25, worst={(2, "plain"): 1.7})
+    assert measured.peak((3, (), "plain", 1, 1.0), 100.0) >= 170.0
     assert there.fixed == profile.fixed and there.units == other
 
 

@@ -97,17 +97,18 @@ goes below."""
 def scaled(profile: Profile, units: float) -> Profile:
     """The profile for samples of `units` elements (a batch's shape class: tokens and such,
     actcodec.torch.limit.shape) from one measured at `profile.units`. What a sample costs
-    grows with its size at most as its square (attention's scores over a sequence) and at
-    least linearly, so a smaller sample is planned at the linear share of the measured one
-    and a larger one at the square's: both bounds from above. Nothing per step (`fixed`, the
-    time a micro-batch adds) changes."""
+    grows with its size, at most as its square (attention's scores over a sequence), and
+    may hold a part that does not grow at all, so a smaller sample is planned at the measured
+    one's bytes and a larger one at the square's: both bounds from above. (A linear share
+    for a smaller sample went 40% under a Llama's measured peak.) Time is scaled linearly.
+    Nothing per step (`fixed`, the time a micro-batch adds) changes."""
     if units == profile.units or profile.units <= 0:
         return profile
     r = units / profile.units
-    f = r if r <= 1 else r * r
+    f = 1.0 if r <= 1 else r * r
     return replace(profile, units=units, work=profile.work * f, rest=profile.rest * f,
-                   least=profile.least * f, seconds=profile.seconds * f,
-                   blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * f)
+                   least=profile.least * f, seconds=profile.seconds * r,
+                   blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * r)
                                 for b in profile.blocks),
                    storages=tuple(replace(s, extra=s.extra * f) for s in profile.storages))
 
@@ -159,7 +160,8 @@ def held_bytes(profile: Profile, recompute) -> float:
 class Measured:
     """What steps run so far say: the largest peak measured per plan key, and how far to trust
     the model on a plan not yet run. A micro-batch count and storage no step has used yet
-    get `caution` (a share of the model's peak: the caller's guess); those used get the worst
+    get `caution` (a share of the model's peak: the caller's guess), or, where worse, the
+    worst error any kind has shown plus CALIBRATED_MARGIN; those used get the worst
     ratio of measured to modelled peak seen with them (`worst`, keyed by the first and last
     parts of a plan's key), less one, plus CALIBRATED_MARGIN. The model errs differently for
     each: a codec's own work beside the gradients, or what does not shrink with the
@@ -181,7 +183,9 @@ class Measured:
         kind = self.kind(key)
         if kind in self.worst:
             return model * (1 + max(0.0, self.worst[kind] - 1) + CALIBRATED_MARGIN)
-        return model * (1 + self.caution)
+        # a kind not yet run: the guess, or the worst error any kind has shown, if worse
+        seen = max(self.worst.values(), default=0.0) - 1 + CALIBRATED_MARGIN
+        return model * (1 + max(self.caution, seen))
 
     def learn(self, key: tuple, measured: float, model: float) -> "Measured":
         """These measurements with one more: a plan of `key` whose model peak is `model`
