@@ -31,8 +31,8 @@ several times over when another process takes a core, so each run also reports t
 other processes kept busy during its loop, and a run above QUIET is run again (--retries),
 the quietest kept; what every run measured against the limit is reported.
 
-Output: a markdown table (printed, and written to OUT/loop.md) and the raw numbers beside it
-(OUT/loop.json)."""
+Output: a markdown table (printed, and written to OUT/loop.md, default docs/limits) and the
+raw numbers beside it (OUT/loop.json); --quick writes nothing unless --out is given."""
 from __future__ import annotations
 
 import argparse
@@ -523,12 +523,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
-    p.add_argument("--retries", type=int, default=2,
+    p.add_argument("--retries", type=int, default=None,
                    help=f"runs again a configuration whose loop shared the machine (other "
-                        f"processes busy on more than {QUIET} cores), keeping the quietest")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "limits")
+                        f"processes busy on more than {QUIET} cores), keeping the quietest "
+                        f"(default 2; with --quick 0)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where loop.md and loop.json go (default: docs/limits; with --quick, "
+                        "nowhere: the table is printed)")
     args = p.parse_args(argv)
     size = SIZES["quick" if args.quick else "full"]
+    if args.retries is None:
+        args.retries = 0 if args.quick else 2
     steps = args.steps or size["steps"]
 
     def log(msg):
@@ -543,21 +548,24 @@ def main(argv=None) -> int:
     command = shlex.join(["python", "bench/loop.py", *(sys.argv[1:] if argv is None else argv)])
     text = table(results, size, steps)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "loop.md").write_text(
+    if _source() != source:
+        log(f"warning: the checkout changed during the run (from {source}); its numbers mix "
+            f"two versions")
+        source["changed_during_run"] = _source()
+    out = args.out if args.out is not None or args.quick else ROOT / "docs" / "limits"
+    if out is None:
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "loop.md").write_text(
         f"# A training loop under `act.Step`, measured from outside\n\n`{command}`\n\n"
         f"{text}\n")
     sys.path.insert(0, str(HERE))
     import harness
 
-    if _source() != source:
-        log(f"warning: the checkout changed during the run (from {source}); its numbers mix "
-            f"two versions")
-        source["changed_during_run"] = _source()
     raw = {"command": command, "source": source,
            "size": size, "steps": steps, "machine": harness.machine(args.threads),
            "results": results}
-    (args.out / "loop.json").write_text(json.dumps(raw, indent=1) + "\n")
+    (out / "loop.json").write_text(json.dumps(raw, indent=1) + "\n")
     return 0
 
 
