@@ -5,26 +5,27 @@ full logits (tokens x vocabulary) never exist.
     loss.backward()        # hidden, lm_head.weight get the gradients of the unchunked loss
 
 Forward takes the tokens that have a target, a chunk at a time: the chunk's logits (hidden @
-weight.T + bias, scaled and soft-capped where asked), their log-sum-exp in float32, the
+weight.T + bias, scaled and soft-capped where asked), their log-softmax in float32, the
 chunk's loss and, in the same pass, the gradient of the loss with respect to the chunk's
 logits (softmax minus one-hot, over the divisor), turned at once into the chunk's rows of the
-hidden states' gradient and its share of the weight's and bias's gradient; then the chunk's
-logits are freed. Backward only scales those gradients by the loss's incoming gradient and
+hidden states' gradient and its share of the weight's and bias's gradient; then the next
+chunk overwrites the chunk's logits. Backward only scales those gradients by the loss's incoming gradient and
 hands them over. (The technique of Liger Kernel's fused linear cross-entropy, written in
 plain torch. Apple's Cut Cross-Entropy instead keeps only the log-sum-exp and recomputes the
 logits in backward: no stored gradients, one more pass of the projection.)
 
-Memory: a few chunk x vocab float32 buffers at a time, plus the gradients the forward keeps
-for backward: the hidden states' (tokens x hidden, their dtype) and the weight's (vocab x
-hidden, the weight's dtype: the size its .grad has anyway; backward hands this very tensor
-over, so autograd puts it in .grad without a copy), each only where it is needed (a frozen
-weight gets none; under no_grad there is none). The weight's and bias's gradients add up over
-the chunks in float32: for a bfloat16 or float16 weight, forward holds a float32 sum (twice
-the weight's size) and casts it to the weight's dtype at its end; added up in bfloat16, each
-chunk would round the sum once more and the error would grow with the chunk count. These gradients are kept on the Function, not
-saved through autograd's saved tensors: saved-tensor hooks (compress_saved) never see them,
-because a lossily stored gradient would make the loss inexact. So backward runs once per
-forward: a second backward through the same graph (retain_graph=True) raises.
+Memory: two chunk x vocab float32 buffers, reused by every chunk (three with a soft cap),
+plus the gradients the forward keeps for backward: the hidden states' (tokens x hidden, their
+dtype) and the weight's (vocab x hidden, the weight's dtype: the size its .grad has anyway;
+backward hands this very tensor over, so autograd puts it in .grad without a copy), each only
+where it is needed (a frozen weight gets none; under no_grad there is none). The weight's and
+bias's gradients add up over the chunks in float32: for a bfloat16 or float16 weight, forward
+holds a float32 sum (twice the weight's size) and casts it to the weight's dtype at its end;
+added up in bfloat16, each chunk would round the sum once more and the error would grow with
+the chunk count. These gradients are kept on the Function, not saved through autograd's saved
+tensors: saved-tensor hooks (compress_saved) never see them, because a lossily stored
+gradient would make the loss inexact. So backward runs once per forward: a second backward
+through the same graph (retain_graph=True) raises.
 
 The result equals `F.cross_entropy(hidden @ weight.T + bias, labels)` (with the logits in
 float32, as transformers' losses take them), loss and gradients, up to float summation
@@ -144,7 +145,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 def chunked_loss_and_grads(hidden, weight, bias, targets, rows, options: _Options):
     """The loss and (grad_hidden, grad_weight, grad_bias) of the loss (None where not asked
     for), one chunk of `rows` (the flat positions that have a target) at a time."""
-    size = hidden.shape[-1]
+    size, vocab = hidden.shape[-1], weight.shape[0]
     flat = hidden.reshape(-1, size)
     compute = torch.promote_types(hidden.dtype, torch.float32)
     grad_hidden = torch.zeros_like(flat) if options.grad_hidden else None
@@ -156,39 +157,53 @@ def chunked_loss_and_grads(hidden, weight, bias, targets, rows, options: _Option
                  if options.grad_bias else None)
     any_grad = options.grad_hidden or options.grad_weight or options.grad_bias
     total = torch.zeros((), dtype=compute, device=hidden.device)
+    # Two chunk x vocab buffers serve every chunk: the logits, and their log-softmax, which
+    # becomes the chunk's gradient in place. (Fresh ones per chunk would each be mapped and
+    # faulted in anew: at 32 MiB a chunk, that costs about as much as the softmax.)
+    width = min(options.chunk_tokens, rows.numel())
+    logits_buffer = torch.empty(width, vocab, dtype=compute, device=hidden.device)
+    logp_buffer = torch.empty(width, vocab, dtype=compute, device=hidden.device)
     for start in range(0, rows.numel(), options.chunk_tokens):
         chunk = rows[start:start + options.chunk_tokens]
+        n = len(chunk)
         h = flat.index_select(0, chunk)
-        t = targets.index_select(0, chunk)
-        z = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
-        logits = z.to(compute)  # z itself in float32: the steps below work in place
-        del z
+        t = targets.index_select(0, chunk)[:, None]
+        logits, logp = logits_buffer[:n], logp_buffer[:n]  # the first n rows: contiguous
+        if hidden.dtype == compute:
+            if bias is None:
+                torch.mm(h, weight.t(), out=logits)
+            else:
+                torch.addmm(bias, h, weight.t(), out=logits)
+        else:  # the logits in hidden's dtype, as the model computes them, then upcast
+            logits.copy_(h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t()))
         if options.logit_scale is not None:
             logits.mul_(options.logit_scale)
         tanh = None
-        if options.softcap is not None:
+        if options.softcap is not None:  # tanh kept in the logits' buffer for backward's sake
             tanh = logits.div_(options.softcap).tanh_()
             logits = tanh * options.softcap
-        lse = torch.logsumexp(logits, dim=1)
-        total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+        torch.log_softmax(logits, dim=1, out=logp)
+        del logits
+        total -= logp.gather(1, t).sum()
         if not any_grad:
             continue
         # d loss / d logits = (softmax - onehot(target)) / divisor, then back through the cap
-        # (d/dx c*tanh(x/c) = 1 - tanh^2) and the scale: the chunk's logits become its gradient.
-        grad = logits.sub_(lse[:, None]).exp_()
-        grad[torch.arange(len(chunk), device=grad.device), t] -= 1.0
-        factor = (options.logit_scale or 1.0) / options.divisor
+        # (d/dx c*tanh(x/c) = 1 - tanh^2) and the scale: the log-softmax becomes the gradient.
+        grad = logp.exp_()
+        grad.scatter_add_(1, t, torch.full_like(t, -1.0, dtype=compute))
         if tanh is not None:
             grad.mul_(tanh.mul_(tanh).neg_().add_(1.0))
             del tanh
-        grad.mul_(factor)
+        factor = (options.logit_scale or 1.0) / options.divisor
+        if hidden.dtype != compute:  # scaled before it is rounded to hidden's dtype, as in
+            grad.mul_(factor)        # autograd; in float32 the scale goes on the products
+            factor = 1.0
         if grad_hidden is not None:  # in hidden's dtype, as autograd's matmul would
-            grad_hidden.index_copy_(0, chunk, grad.to(hidden.dtype) @ weight)
+            grad_hidden.index_copy_(0, chunk, (grad.to(hidden.dtype) @ weight).mul_(factor))
         if grad_weight is not None:
-            grad_weight.addmm_(grad.t(), h.to(compute))
+            grad_weight.addmm_(grad.t(), h.to(compute), alpha=factor)
         if grad_bias is not None:
-            grad_bias += grad.sum(0)
-        del grad, logits
+            grad_bias.add_(grad.sum(0), alpha=factor)
     loss = total / options.divisor
     if grad_hidden is not None:
         grad_hidden = grad_hidden.view(hidden.shape)
