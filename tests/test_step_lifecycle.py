@@ -422,9 +422,12 @@ def test_batch_norm_switched_to_training_after_an_eval_step_runs_one_micro_batch
     step = act.Step(m, limit=resident.live() + 1024 * MiB, loss_fn=mse)
     step(batch)  # profiled, in eval mode; the whole batch at once
     added = step.stats.peak - step.stats.floor
-    for share in (0.7, 0.5, 0.35):  # tighter until the plan in eval mode splits the batch
+    for share in (0.8, 0.7, 0.6, 0.5, 0.4, 0.35):  # tighter until the plan in eval mode
         step.limit = step.stats.floor + int((SAFETY_BYTES + share * added) / (1 - SAFETY))
-        step(batch)
+        try:  # splits the batch (a process whose heap drifted may refuse a share)
+            step(batch)
+        except act.MemoryLimitError:
+            continue
         if step.stats.micro_batches > 1:
             break
     assert step.stats.micro_batches > 1  # what the limit needs in eval mode
