@@ -11,10 +11,10 @@ A step: hidden (tokens x hidden, requires grad) and weight (vocab x hidden, requ
 the loss, then backward into hidden.grad and weight.grad, then both set to None. "floor": the
 process's RSS before its first step (libraries, inputs, weight); "step": the highest peak RSS
 of any step above that floor (what the head and loss add, the weight's gradient included);
-"first" is the first step's, compilation included. Time: the median of the steps after the
-first; "x unchunked": over the unchunked loss's median in the same run. "loss", "gradient
-norms": the loss and the gradients' norms, to show every configuration computes the same
-thing.
+"first" is the first step's, compilation included. Time: the median of the steps after each
+process's first, all rounds pooled; "x unchunked": over the unchunked loss's median in the same
+run. "loss", "gradient norms": the loss and the gradients' norms, to show every configuration
+computes the same thing.
 
 Cut Cross-Entropy (pip package cut-cross-entropy) imports triton on Linux even for its
 torch_compile implementation; --cce-path DIR puts DIR on the worker's sys.path, for a copy
@@ -100,9 +100,13 @@ def run(config: str, args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def steady_seconds(rounds: list) -> float:
+    """The median of every step after each process's first, all rounds pooled."""
+    return statistics.median(t for r in rounds for t in (r["times"][1:] or r["times"]))
+
+
 def table(results: dict, args) -> str:
-    base = statistics.median(statistics.median(r["times"][1:] or r["times"])
-                             for r in results["unchunked"])
+    base = steady_seconds(results["unchunked"])
     base_loss = results["unchunked"][0]["loss"]
     lines = [f"{args.tokens} tokens, vocabulary {args.vocab}, hidden {args.hidden}, float32, "
              f"{args.rounds} round(s) of {args.steps} steps per configuration",
@@ -117,7 +121,7 @@ def table(results: dict, args) -> str:
         floor = statistics.median(r["floor"] for r in rounds)
         step = max(max(r["peaks"][1:] or r["peaks"]) - r["floor"] for r in rounds)
         first = max(r["peaks"][0] - r["floor"] for r in rounds)
-        ms = statistics.median(statistics.median(r["times"][1:] or r["times"]) for r in rounds)
+        ms = steady_seconds(rounds)
         norms = rounds[0]["grad_norms"]
         lines.append(f"| {config} | {floor / MiB:.0f} | {step / MiB:.0f} | {first / MiB:.0f} "
                      f"| {ms * 1e3:.0f} | {ms / base:.2f} | {rounds[0]['loss']:.6f} "
@@ -138,6 +142,7 @@ def main():
                         help="fresh processes per configuration, configurations interleaved")
     parser.add_argument("--cce-path", default=None)
     parser.add_argument("--no-cce", action="store_true")
+    parser.add_argument("--json", default=None, help="also write every process's numbers here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -151,7 +156,9 @@ def main():
     for _ in range(args.rounds):
         for config in configs:
             results[config].append(run(config, args))
-            print(f"# {config}: {json.dumps(results[config][-1])[:300]}", file=sys.stderr)
+            print(f"# {config}: {json.dumps(results[config][-1])}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}))
     print(table(results, args))
 
 

@@ -47,7 +47,8 @@ IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy 
 # The default chunk: this many bytes of float32 logits (512 tokens at a 32k vocabulary). Each
 # chunk streams the weight twice and adds into its whole gradient once, so fewer, larger chunks
 # are faster: on 2 CPU cores at 2k tokens, 32k vocabulary, hidden 1024, chunks of 512 tokens
-# took 0.91x the unchunked loss's time, 256 0.99x, 128 1.05x (docs/CHUNKED_LOSS.md).
+# took 0.93-0.99x the unchunked loss's time, 256 0.98-1.01x, 128 1.10-1.13x, at 300, 226 and
+# 191 MiB above the floor against its 792 (docs/CHUNKED_LOSS.md).
 CHUNK_LOGITS_BYTES = 64 << 20
 
 
