@@ -9,10 +9,11 @@ weight.T + bias, scaled and soft-capped where asked), their log-softmax in float
 chunk's loss and, in the same pass, the gradient of the loss with respect to the chunk's
 logits (softmax minus one-hot, over the divisor), turned at once into the chunk's rows of the
 hidden states' gradient and its share of the weight's and bias's gradient; then the next
-chunk overwrites the chunk's logits. Backward only scales those gradients by the loss's incoming gradient and
-hands them over. (The technique of Liger Kernel's fused linear cross-entropy, written in
-plain torch. Apple's Cut Cross-Entropy instead keeps only the log-sum-exp and recomputes the
-logits in backward: no stored gradients, one more pass of the projection.)
+chunk overwrites the chunk's logits. Backward only scales those gradients by the loss's
+incoming gradient and hands them over. (The technique of Liger Kernel's fused linear
+cross-entropy, written in plain torch. Apple's Cut Cross-Entropy instead keeps only the
+log-sum-exp and recomputes the logits in backward: no stored gradients, one more pass of the
+projection.)
 
 Memory: two chunk x vocab float32 buffers, reused by every chunk (three with a soft cap),
 plus the gradients the forward keeps for backward: the hidden states' (tokens x hidden, their
@@ -272,5 +273,6 @@ def _check(hidden, weight, bias, labels, chunk_tokens, reduction, num_items_in_b
             continue
         if (isinstance(value, bool) or not isinstance(value, numbers.Real)
                 or not math.isfinite(value) or (label == "softcap" and value <= 0)):
-            raise ValueError(f"{name}: {label} must be a finite number{' above 0' if label == 'softcap' else ''} "
-                             f"or None, got {value!r}")
+            bound = " above 0" if label == "softcap" else ""
+            raise ValueError(f"{name}: {label} must be a finite number{bound} or None, got "
+                             f"{value!r}")
