@@ -55,7 +55,8 @@ profiles = st.builds(
     per_micro_batch=st.floats(0, 1e-2),
     storages=st.lists(st.sampled_from(STORAGES[1:]), unique=True).map(
         lambda s: (lp.PLAIN, *s)),
-    split=st.booleans(), effect=st.floats(0.1, 1.0), least=st.floats(0, 2e6))
+    split=st.booleans(), effect=st.floats(0.1, 1.0), least=st.floats(0, 2e6),
+    grads=st.floats(0, 1e7), flat=st.one_of(st.none(), st.floats(0, 1e7)))
 
 
 @st.composite
@@ -206,3 +207,65 @@ def test_a_peak_measured_on_a_small_batch_is_not_trusted_for_a_larger_one():
     assert lp.predict(large, 1, (), lp.PLAIN, measured).peak > 1e6 + 48 * 3e6
     longer = lp.scaled(small, 3.0)  # the same batch, three times the tokens per sample
     assert lp.predict(longer, 1, (), lp.PLAIN, measured).peak > 1e6 + 4 * 3e6 * 3
+
+
+def test_gradients_held_through_micro_batches_count_from_the_second():
+    profile = lp.Profile(batch=4, fixed=1e6, work=0.0, rest=1e6, grads=5e6)
+    one = lp.predict(profile, 1, (), lp.PLAIN)
+    two = lp.predict(profile, 2, (), lp.PLAIN)
+    assert one.peak == pytest.approx(1e6 + 4e6)
+    assert two.peak == pytest.approx(1e6 + 5e6 + 2e6)
+
+
+def test_two_phases_the_peak_is_the_larger_and_backward_holds_the_recomputed_block():
+    """Along a sequence: at the turn every save is held over `fixed`; in backward the
+    gradients (`flat`) and, per token, `least` and the saves of the block recomputed then."""
+    block = lp.Block(saved=100.0, inputs=10.0, forward=1e-6)
+    profile = lp.Profile(batch=1000, fixed=2e5, work=0.0, rest=20.0, blocks=(block, block),
+                         flat=3e5, least=5.0, unit="token", split=False)
+    plain = lp.predict(profile, 1, (), lp.PLAIN).peak
+    assert plain == pytest.approx(max(2e5 + 1000 * 220, 3e5 + 1000 * 5))
+    both = lp.predict(profile, 1, (0, 1), lp.PLAIN).peak
+    # the turn: rest, both inputs and one block's saves; backward: least and that block's
+    assert both == pytest.approx(max(2e5 + 1000 * (20 + 20 + 100), 3e5 + 1000 * (5 + 100)))
+    assert lp.smallest(profile) == pytest.approx(both)
+    # without `flat`, one phase, as a sample profile has: least is a floor per sample
+    one = dataclasses.replace(profile, flat=None)
+    assert lp.predict(one, 1, (0, 1), lp.PLAIN).peak == pytest.approx(2e5 + 1000 * 140)
+
+
+def test_a_token_profile_scales_per_token_and_never_splits():
+    block = lp.Block(saved=100.0, inputs=10.0, forward=1e-6)
+    profile = lp.Profile(batch=512, fixed=1e5, work=1.0, rest=20.0, blocks=(block,),
+                         seconds=1e-4, units=512, unit="token", split=False)
+    longer = lp.scaled(profile, 1024)
+    assert longer.rest == pytest.approx(40.0) and longer.blocks[0].saved == pytest.approx(200)
+    assert longer.seconds == pytest.approx(1e-4)  # per token: the same
+    assert longer.fixed == profile.fixed
+    shorter = lp.scaled(profile, 256)
+    assert shorter.rest == profile.rest and shorter.blocks == profile.blocks
+    # a token profile's key differs from a sample profile's with the same numbers
+    sample = dataclasses.replace(profile, unit="sample")
+    assert lp.memory_key(profile, 1, (), "plain") != lp.memory_key(sample, 1, (), "plain")
+
+
+def test_planning_keeps_sequences_apart_from_samples_and_plans_them_unsplit():
+    from actcodec.torch.limit import planning
+
+    block = lp.Block(saved=1e4, inputs=1e3, forward=1e-6)
+    tokens = lp.Profile(batch=1024, fixed=1e6, work=0.0, rest=2e3, blocks=(block, block),
+                        flat=2e6, least=100.0, split=False)
+    samples = lp.Profile(batch=8, fixed=1e6, work=1e5, rest=1e6, blocks=(), split=True)
+    known = planning.Planning(exact=True)
+    known.add(("token", 1024), tokens)
+    known.add(("sample", 300.0), samples)
+    assert not known.needs_probes(("token", 512), 1e9)  # a shorter sequence: measured
+    assert known.needs_probes(("token", 2048), 1e9)  # a longer one: probed
+    assert known.at(("token", 2048)).rest == pytest.approx(4e3)
+    # one sample of 1024 tokens: planned along its tokens, never in micro-batches
+    plan = known.plan(1, ("token", 1024), True, 50e6, None)
+    assert plan is not None and plan.micro_batches == 1 and known.profile.batch == 1024
+    assert known.profile.unit == "token" and not known.profile.split
+    assert known.needed(0, split=True) == known.needed(0, split=False)
+    # a sample shape larger than the measured is still planned from the sample profile
+    assert known.at(("sample", 600.0)).unit == "sample"

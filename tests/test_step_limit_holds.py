@@ -33,11 +33,12 @@ def rss_of(pid: int) -> int:
     return 0
 
 
-def run_loop(room_mib: int, shapes: list) -> tuple:
+def run_loop(room_mib: int, shapes: list, vocab: int = 1024) -> tuple:
     """The worker's events, and the largest RSS the parent saw after the limit was set."""
     proc = subprocess.Popen([sys.executable, str(WORKER), str(room_mib), *shapes],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+                            env={**os.environ, "TRANSFORMERS_VERBOSITY": "error",
+                                 "LIMIT_WORKER_VOCAB": str(vocab)})
     events, started, peak = [], threading.Event(), [0]
 
     def read():
@@ -140,3 +141,17 @@ def test_every_step_of_a_padded_loop_under_a_limit_gives_the_plain_gradient():
             opt.zero_grad()
         step.close()
         assert split, f"{name}: no step needed a plan other than plain training"
+
+
+def test_one_long_sample_runs_under_a_limit_its_plain_step_would_cross():
+    """Batch 1, 1024 tokens, a vocabulary of 8192, attention on the math path (eager): plain
+    training peaks ~370 MiB above the floor here (AdamW aside), and the code before
+    planning along tokens refused this room. Planned along its tokens (the head and loss
+    chunked, blocks recomputed), every step stays under a room of 200 MiB, the first and its
+    probes included; a shorter sample after it is planned from the same profile."""
+    events, seen = run_loop(200, ["1x1024", "1x1024", "1x512"], vocab=8192)
+    limit = events[0]["limit"]
+    steps = [e for e in events if e["event"] == "step"]
+    assert [e["step"] for e in steps] == [0, 1, 2], events
+    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
+                           f"{limit / MiB:.0f} MiB", events)

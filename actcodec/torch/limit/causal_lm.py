@@ -77,6 +77,16 @@ def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> to
         logit_scale=scale, softcap=softcap)
 
 
+def covers(model) -> bool:
+    """Whether causal_lm_loss covers this model (its class, forward and head; the head's
+    transform is checked again at each call)."""
+    try:
+        _check_covered(model)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_covered(model):
     name = type(model).__name__
     transformers = sys.modules.get("transformers")  # not imported: not one of its models

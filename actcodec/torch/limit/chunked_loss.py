@@ -53,10 +53,10 @@ IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy 
 CHUNK_LOGITS_BYTES = 64 << 20
 
 
-def default_chunk_tokens(vocab_size: int) -> int:
-    """The default chunk: as many tokens as make CHUNK_LOGITS_BYTES of float32 logits (512
-    tokens at a 32k vocabulary), at least one."""
-    return max(1, CHUNK_LOGITS_BYTES // (4 * vocab_size))
+def default_chunk_tokens(vocab_size: int, logits_bytes: int = CHUNK_LOGITS_BYTES) -> int:
+    """The default chunk: as many tokens as make `logits_bytes` of float32 logits (512
+    tokens at a 32k vocabulary by default), at least one."""
+    return max(1, logits_bytes // (4 * vocab_size))
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,

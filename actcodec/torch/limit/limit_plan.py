@@ -9,9 +9,11 @@ A plan combines (Sage, Melon, PORT, DAF):
   saves come back, at full size and one block at a time, during its backward;
 - **storage** of what is held: as it is, compressed (lossless or at some bits) or paged out.
 
-The model of the step's peak above the floor, for a plan:
+The model of the step's peak above the floor, for a plan (a sample is a token where one
+long sample is planned along its sequence; see Profile.unit and Profile.flat for the two
+phases such a profile tells apart):
 
-    fixed + b * max(least, work + S - effect * (S - held)),
+    fixed (+ grads where m > 1) + b * max(least, work + S - effect * (S - held)),
     S = rest + sum of saved over all blocks,
     held = storage.ratio * (rest + sum of saved over blocks not in R + sum of inputs over R)
            + max of saved over blocks in R
@@ -78,7 +80,15 @@ class Profile:
 the share of a cut in what is held that the peak sees (measured: the peak may fall where
 less is held, in backward, only in part); `least`, bytes per sample the step peaks at
 holding nothing (an op's working set, a save decoded for its backward), which no plan
-goes below."""
+goes below. `unit`: what `batch` counts, "sample" (per-sample quantities, `units` elements
+each), or "token" (one sample planned along its sequence: `batch` is its tokens, every
+per-sample quantity is per token, and it cannot be split). `grads`: the bytes of the
+gradients, which from the second micro-batch on stay for the whole of each (in one
+micro-batch they build up during backward, which `fixed` has measured). `flat`: where the
+probes told the step's two phases apart (a sequence's profile: at short lengths the peak is
+backward's, with the gradients, at long ones the turn from forward's, with every save held),
+backward's constant: the peak is then the larger of `fixed` plus what is held at the turn
+and `flat` plus, per sample, `least` and the recomputed block's saves (`sample_bytes`)."""
 
     batch: int
     fixed: float
@@ -92,6 +102,9 @@ goes below."""
     effect: float = 1.0
     least: float = 0.0
     units: float = 1.0
+    unit: str = "sample"
+    grads: float = 0.0
+    flat: float | None = None
 
 
 def scaled(profile: Profile, units: float) -> Profile:
@@ -101,14 +114,21 @@ def scaled(profile: Profile, units: float) -> Profile:
     may hold a part that does not grow at all, so a smaller sample is planned at the measured
     one's bytes and a larger one at the square's: both bounds from above. (A linear share
     for a smaller sample went 40% under a Llama's measured peak.) Time is scaled linearly.
-    Nothing per step (`fixed`, the time a micro-batch adds) changes."""
+    Nothing per step (`fixed`, the time a micro-batch adds) changes.
+
+    A token profile (`unit` "token", `units` the sequence length it was measured at) is per
+    token: a shorter sequence costs at most as much per token, a longer one at most r times
+    as much (attention over r times the positions), and its time per token is kept."""
     if units == profile.units or profile.units <= 0:
         return profile
     r = units / profile.units
-    f = 1.0 if r <= 1 else r * r
+    if profile.unit == "token":
+        f, t = max(1.0, r), 1.0
+    else:
+        f, t = (1.0 if r <= 1 else r * r), r
     return replace(profile, units=units, work=profile.work * f, rest=profile.rest * f,
-                   least=profile.least * f, seconds=profile.seconds * r,
-                   blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * r)
+                   least=profile.least * f, seconds=profile.seconds * t,
+                   blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * t)
                                 for b in profile.blocks),
                    storages=tuple(replace(s, extra=s.extra * f) for s in profile.storages))
 
@@ -135,8 +155,22 @@ class Plan:
                    float(d.get("seconds", 0.0)))
 
 
+def phases(profile: Profile, recompute, storage: Storage, samples: int) -> float:
+    """The peak above the floor of `samples` samples (beyond `fixed` and the gradients a
+    micro-batch after the first holds): one phase's per-sample bytes over `fixed`, or, with
+    `flat`, the larger of both phases."""
+    bytes_ = samples * sample_bytes(profile, recompute, storage)
+    if profile.flat is None:
+        return profile.fixed + bytes_
+    transient = max((b.saved for i, b in enumerate(profile.blocks) if i in recompute),
+                    default=0.0)
+    return max(profile.fixed + bytes_,
+               profile.flat + samples * (profile.least + transient + storage.extra))
+
+
 def sample_bytes(profile: Profile, recompute, storage: Storage) -> float:
-    """Bytes per sample at the peak, beyond `fixed`, for a set of recomputed blocks."""
+    """Bytes per sample at the peak, beyond `fixed`, for a set of recomputed blocks (the
+    turn's, where the profile has `flat`)."""
     plain = profile.rest + sum(b.saved for b in profile.blocks)
     held = profile.rest
     transient = 0.0
@@ -147,7 +181,8 @@ def sample_bytes(profile: Profile, recompute, storage: Storage) -> float:
         else:
             held += block.saved
     cut = plain - (storage.ratio * held + transient)
-    return max(profile.least, profile.work + plain - profile.effect * cut + storage.extra)
+    at_turn = profile.work + plain - profile.effect * cut + storage.extra
+    return at_turn if profile.flat is not None else max(profile.least, at_turn)
 
 
 def held_bytes(profile: Profile, recompute) -> float:
@@ -207,7 +242,7 @@ def memory_key(profile: Profile, micro_batches: int, recompute, storage: str) ->
     kinds = tuple(sorted((profile.blocks[i].saved, profile.blocks[i].inputs)
                          for i in recompute))
     return (micro_batches, kinds, storage, math.ceil(profile.batch / micro_batches),
-            profile.units)
+            profile.units, profile.unit)
 
 
 def predict(profile: Profile, micro_batches: int, recompute, storage: Storage,
@@ -215,8 +250,9 @@ def predict(profile: Profile, micro_batches: int, recompute, storage: Storage,
     """The plan with its predicted peak (bytes above the floor) and seconds."""
     recompute = tuple(sorted(recompute))
     b = math.ceil(profile.batch / micro_batches)
+    grads = profile.grads if micro_batches > 1 else 0.0
     peak = measured.peak(memory_key(profile, micro_batches, recompute, storage.name),
-                         profile.fixed + b * sample_bytes(profile, recompute, storage))
+                         grads + phases(profile, recompute, storage, b))
     seconds = (profile.batch * (profile.seconds
                                 + sum(profile.blocks[i].forward for i in recompute)
                                 + storage.seconds_per_byte * held_bytes(profile, recompute))
@@ -247,11 +283,14 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
     whose micro-batch count is calibrated, may fit where the model says not, or the reverse,
     so those are checked one by one."""
     counts = _counts(profile.batch) if profile.split else [1]
-    model = Measured(caution=measured.caution)  # monotone in m: what bisection needs
+    model = Measured(caution=measured.caution)  # monotone in m > 1: what bisection needs
 
     def fits(m, by=measured):
         return predict(profile, m, recompute, storage, by).peak <= available
 
+    if fits(1):  # one micro-batch holds no gradients through the others: checked apart
+        return 1
+    counts = counts[1:]
     lo, hi = 0, len(counts)
     while lo < hi:
         mid = (lo + hi) // 2

@@ -54,9 +54,11 @@ def stay(plan, last, profile: limit_plan.Profile, room_left: float,
 
 
 class Planning:
-    """A Step's knowledge: `profiles` measured, by elements per sample; `measured`, the peaks
-    of plans run and the calibration they give; `profile`, the last planned step's (at its
-    shape, batch and training mode); `available`, the bytes its plan could add."""
+    """A Step's knowledge: `profiles` measured, by shape (`(unit, units)`: ("sample",
+    elements per sample) or ("token", a single sample's sequence length), see
+    actcodec.torch.limit.shape); `measured`, the peaks of plans run and the calibration they
+    give; `profile`, the last planned step's (at its shape, batch and training mode);
+    `available`, the bytes its plan could add."""
 
     def __init__(self, exact: bool):
         self.exact = exact
@@ -65,38 +67,46 @@ class Planning:
         self.profile: limit_plan.Profile | None = None
         self.available: float | None = None
 
-    def add(self, units: float, profile: limit_plan.Profile) -> None:
-        self.profiles[units] = dataclasses.replace(profile, units=units)
+    def add(self, shape: tuple, profile: limit_plan.Profile) -> None:
+        unit, units = shape
+        self.profiles[shape] = dataclasses.replace(profile, units=units, unit=unit)
 
-    def at(self, units: float):
-        """The profile for samples of `units` elements: the measured one of the smallest
-        shape at least as large, scaled down (linearly: an upper bound); else the largest
-        measured, scaled up as a square (an upper bound for what grows with a sequence's
-        length); None before any profile."""
-        if not self.profiles:
+    def at(self, shape: tuple):
+        """The profile for this shape: the measured one of the smallest shape of its unit at
+        least as large, scaled down (an upper bound); else the largest measured, scaled up
+        (limit_plan.scaled: an upper bound for what grows with a sequence's length); None
+        before any profile of the unit."""
+        unit, units = shape
+        known = [u for kind, u in self.profiles if kind == unit]
+        if not known:
             return None
-        larger = [u for u in self.profiles if u >= units]
-        base = self.profiles[min(larger) if larger else max(self.profiles)]
+        larger = [u for u in known if u >= units]
+        base = self.profiles[unit, min(larger) if larger else max(known)]
         return limit_plan.scaled(base, units)
 
-    def needs_probes(self, units: float, room: float) -> bool:
-        """Whether to probe the model at this shape: where no measured shape is as large,
-        and one sample of it is predicted to fit (probes grow from small to large and stop
-        before the limit: a sample predicted not to fit is refused by the plan, unprobed)."""
-        if any(u >= units for u in self.profiles):
+    def needs_probes(self, shape: tuple, room: float) -> bool:
+        """Whether to probe the model at this shape: where no measured shape of its unit is
+        as large, and its largest probe is predicted to fit, as it runs (one sample, or half
+        the sequence's tokens, stored as they are): probes grow from small to large and stop
+        before the limit; what is predicted not to fit is refused by the plan, unprobed."""
+        unit, units = shape
+        if any(kind == unit and u >= units for kind, u in self.profiles):
             return False
-        known = self.at(units)
+        known = self.at(shape)
         if known is None:
             return True
-        one = limit_plan.predict(dataclasses.replace(known, batch=1), 1, (),
-                                 limit_plan.PLAIN).peak
-        return one <= available(room)
+        probe = dataclasses.replace(known, batch=1 if unit == "sample" else int(units) // 2)
+        return limit_plan.predict(probe, 1, (), limit_plan.PLAIN).peak <= available(room)
 
-    def plan(self, size: int, units: float, split: bool, room: float, last):
-        """The plan for a batch of `size` samples of `units` elements, `split` whether
-        micro-batches are allowed now, `room` bytes above the floor, `last` the plan run last
-        (kept where it still fits and the new one is not clearly faster); None if none fits."""
-        profile = dataclasses.replace(self.at(units), batch=size, split=split)
+    def plan(self, size: int, shape: tuple, split: bool, room: float, last):
+        """The plan for a batch of `size` samples of this shape (a token shape: one sample
+        of that many tokens, never split), `split` whether micro-batches are allowed now,
+        `room` bytes above the floor, `last` the plan run last (kept where it still fits and
+        the new one is not clearly faster); None if none fits."""
+        unit, units = shape
+        batch = size if unit == "sample" else int(units)
+        profile = dataclasses.replace(self.at(shape), batch=batch,
+                                      split=split and unit == "sample")
         self.profile, self.available = profile, available(room)
         plan = limit_plan.solve(profile, self.available, self.exact, self.measured)
         return stay(plan, last, profile, self.available, self.measured)
@@ -120,8 +130,8 @@ class Planning:
         with micro-batches allowed or not (`split`; the last step's where None)."""
         if self.profile is None:
             return None
-        profile = self.profile if split is None else dataclasses.replace(self.profile,
-                                                                         split=split)
+        profile = self.profile if split is None else dataclasses.replace(
+            self.profile, split=split and self.profile.unit == "sample")
         return limit_for(limit_plan.smallest(profile, self.exact, self.measured), floor)
 
     def learn(self, plan, measured: int) -> None:

@@ -1,8 +1,12 @@
 """A batch's shape as the memory limit counts it: samples, and elements per sample (what
 grows with a sequence's length or an image's size). Two batches of the same samples but
 longer sequences are different batches to the cost model (actcodec.torch.limit.limit_plan.
-scaled); a peak measured for one shape is never trusted for a larger one."""
+scaled); a peak measured for one shape is never trusted for a larger one. A batch of one
+long sample is planned along its tokens instead (`sequence_length`): its probes run on the
+sample's first tokens."""
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 
@@ -11,14 +15,58 @@ def units_per_sample(batch, size: int) -> float:
     """Elements per sample over the batch's tensors that have the batch dimension (token ids,
     masks and labels of a padded text batch all grow with its length; an image batch's with
     its pixels). 1.0 where no tensor has it."""
-    if isinstance(batch, torch.Tensor):
-        tensors = [batch]
-    elif isinstance(batch, dict):
-        tensors = list(batch.values())
-    elif isinstance(batch, (tuple, list)):
-        tensors = list(batch)
-    else:
-        return 1.0
-    total = sum(t.numel() for t in tensors
-                if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == size)
+    total = sum(t.numel() for t in _tensors(batch) if t.dim() >= 1 and t.shape[0] == size)
     return max(1.0, total / size) if size > 0 else 1.0
+
+
+# A single sample shorter than this is planned as a sample, not along its tokens.
+MIN_TOKENS = 64
+
+
+def sequence_length(batch, size: int) -> int | None:
+    """The sequence length of a batch of one sample of tokens: the second dimension shared by
+    every tensor of shape (1, T, ...) in it (token ids, masks, labels), where one of them
+    holds integers (token ids or labels: a sequence, not an image's rows) and T is at least
+    MIN_TOKENS; None for a larger batch, a batch without such tensors, or tensors that
+    disagree (then no tensor can be cut along the sequence safely)."""
+    if size != 1:
+        return None
+    shaped = [t for t in _tensors(batch) if t.dim() >= 2 and t.shape[0] == 1]
+    lengths = {t.shape[1] for t in shaped}
+    if len(lengths) != 1 or not any(not t.is_floating_point() and not t.is_complex() and
+                                    t.dtype != torch.bool and t.dim() == 2 for t in shaped):
+        return None
+    (length,) = lengths
+    return length if length >= MIN_TOKENS else None
+
+
+def first_tokens(batch, length: int, n: int):
+    """The batch with every (1, length, ...) tensor cut to its first `n` positions (a
+    shorter sample of the same text: what a probe along the sequence runs)."""
+    def cut(v):
+        if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[0] == 1 and \
+                v.shape[1] == length:
+            return v[:, :n]
+        return v
+
+    if isinstance(batch, torch.Tensor):
+        return cut(batch)
+    if isinstance(batch, Mapping):
+        return {k: cut(v) for k, v in batch.items()}
+    if isinstance(batch, list):
+        return [cut(v) for v in batch]
+    if hasattr(batch, "_fields"):
+        return type(batch)(*(cut(v) for v in batch))
+    if isinstance(batch, tuple):
+        return tuple(cut(v) for v in batch)
+    return batch
+
+
+def _tensors(batch) -> list:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):
+        return [v for v in batch.values() if isinstance(v, torch.Tensor)]
+    if isinstance(batch, (tuple, list)):
+        return [v for v in batch if isinstance(v, torch.Tensor)]
+    return []

@@ -39,6 +39,7 @@ from ... import store as stores
 from ..save import allocator as allocators
 from . import accumulate
 from . import blocks as blocks_mod
+from . import causal_lm, chunked_loss
 from . import limit_plan
 from . import loss_weights
 from . import micro_batches as mb
@@ -52,6 +53,11 @@ from .planning import SAFETY, SAFETY_BYTES, SWITCH_GAIN, UNBOUNDED  # noqa: F401
 
 MiB = 1 << 20
 LOSSY_BITS = (8, 4, 2)
+# The chunked loss's chunk under a limit: this many bytes of float32 logits (128 tokens at a
+# 32k vocabulary). Its two chunk buffers are part of the forward's peak, which a tight limit
+# leaves little room for; a quarter of the standalone default costs about 1.1x the loss's
+# own time (docs/CHUNKED_LOSS.md).
+STEP_CHUNK_LOGITS_BYTES = 16 << 20
 
 
 class MemoryLimitError(MemoryError):
@@ -106,7 +112,15 @@ class Step:
     whatever it takes); scaler: a torch GradScaler;
     allocator: whether a step under a limit may install actcodec's torch allocator (process
     wide, from then on; see actcodec.torch.save.allocator): with limit=None nothing is
-    installed, whatever the plan; False never installs it.
+    installed, whatever the plan; False never installs it; chunk_loss: under a limit, the
+    default loss of a transformers causal LM (a dict batch with labels) runs its head and
+    cross-entropy in chunks of tokens (act.causal_lm_loss: the same loss and gradients up to
+    summation order, without the tokens x vocabulary logits); False: model(**b).loss always.
+
+    A batch of one sample of at least 64 tokens (token ids of shape (1, T)) is planned along
+    its sequence: its probes run on its first quarter and half, and its plan cannot use
+    micro-batches (recomputation and storage remain), so a limit one long sample fits in
+    is met, not refused.
 
     The model is left as it was: recomputation is a pair of removable hooks on each repeated
     block (blocks.attach), which deepcopy, pickle and torch.save carry inert (a copy computes
@@ -126,7 +140,8 @@ class Step:
     def __init__(self, model: torch.nn.Module, limit=None, *, loss_fn=None, bits: int = 8,
                  exact: bool = False, spill_dir: str | None = None,
                  ghost_batchnorm: bool = False, batch_size: int | None = None, plan=None,
-                 scaler=None, allocator: bool = True, optimizer=None):
+                 scaler=None, allocator: bool = True, optimizer=None,
+                 chunk_loss: bool = True):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"Step needs a torch.nn.Module, got {type(model).__name__}")
         if bits not in LOSSY_BITS:
@@ -143,6 +158,7 @@ class Step:
             plan if isinstance(plan, limit_plan.Plan) else limit_plan.Plan.from_dict(plan))
         self.frozen = plan is not None
         self.optimizer = optimizer
+        self.chunk_loss = bool(chunk_loss)
         optimizer_state.pending_bytes(optimizer)  # a clear error now for what is not one
         self._planning = planning.Planning(self.exact)  # profiles, measured peaks
         self.stats = StepStats()
@@ -250,39 +266,60 @@ class Step:
             _give_back_free(limit)
         seconds = {}
         batch = _no_cache(self.model, batch)
-        units = shape.units_per_sample(batch, size)
+        loss_fn = self._loss_fn(batch, limit)
+        tokens = shape.sequence_length(batch, size)
+        key = ("token", tokens) if tokens is not None else \
+            ("sample", shape.units_per_sample(batch, size))
         with resident.Peak() as before:  # the probes' peak: the limit holds for them too
             floor = self._floor()
             if limit is not None and not self.frozen and self._planning.needs_probes(
-                    units, limit - floor):
+                    key, limit - floor):
                 t0 = time.perf_counter()
+                if tokens is None:
+                    run, count, split, first = (
+                        lambda n: self._loss(mb.take(batch, size, 0, n), loss_fn)[0],
+                        size, self._split(), None)
+                else:  # one sample along its tokens: probes on its first n
+                    run, count, split, first = (
+                        lambda n: self._loss(shape.first_tokens(batch, tokens, n),
+                                             loss_fn)[0], tokens, False, tokens // 4)
                 measured = step_profile.measure(
-                    lambda n: self._loss(mb.take(batch, size, 0, n))[0], self.model,
-                    self.blocks, size, _storages(self.bits, self.exact), self._split(),
-                    self.spill_dir, room=planning.available(limit - floor),
+                    run, self.model, self.blocks, count, _storages(self.bits, self.exact),
+                    split, self.spill_dir, room=planning.available(limit - floor),
                     paged=self._context("paged"), bits=self.bits,
                     budgeted=None if self.exact else self._context("budget"),
-                    lossless=self._context("lossless"))
-                self._planning.add(units, measured)
+                    lossless=self._context("lossless"), first=first)
+                self._planning.add(key, measured)
                 seconds["profile"] = time.perf_counter() - t0
                 floor = self._floor()  # the probes' lazy state (libraries, heap)
             last = self.plan
-            plan = self._plan_for(size, units, limit, floor)
+            plan = self._plan_for(size, key, limit, floor)
             if lowered or plan != last:  # give back the pages a larger plan or probes kept
                 _release_kept_pages()
         probes = before.nbytes if "profile" in seconds else 0
         if self.frozen and limit is not None:
-            return self._run_pinned(batch, size, plan, limit, floor, seconds)
-        return self._run(batch, size, plan, limit, floor, seconds, probes)
+            return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn)
+        return self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn)
 
-    def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds):
+    def _loss_fn(self, batch, limit):
+        """The loss this step runs: the chunked head and loss for the default loss of a
+        covered causal LM under a limit (see chunk_loss), else the Step's loss_fn."""
+        if limit is None or not self.chunk_loss or self.loss_fn is not mb.default_loss or \
+                not isinstance(batch, Mapping) or batch.get("labels") is None or \
+                not causal_lm.covers(self.model):
+            return self.loss_fn
+        vocab = self.model.get_output_embeddings().out_features
+        chunk = chunked_loss.default_chunk_tokens(vocab, STEP_CHUNK_LOGITS_BYTES)
+        return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
+
+    def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn):
         """A pinned (or frozen) plan under a limit: not planned for it, so its peak is held
         against the limit after it ran; above it, MemoryLimitError and .grad put back as it
         was (what it held is set aside around the step, as accumulate does in it)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         kept = accumulate._set_aside(params)
         try:
-            loss = self._run(batch, size, plan, limit, floor, seconds, 0)
+            loss = self._run(batch, size, plan, limit, floor, seconds, 0, loss_fn)
             if self.stats.peak > limit:
                 raise MemoryLimitError(
                     f"the pinned plan ({self.describe()}) peaked at "
@@ -314,14 +351,14 @@ class Step:
         optimizer's next step will create (the whole loop must fit, not this step alone)."""
         return step_profile.floor() + optimizer_state.pending_bytes(self.optimizer)
 
-    def _plan_for(self, size, units, limit, floor) -> limit_plan.Plan:
+    def _plan_for(self, size, key, limit, floor) -> limit_plan.Plan:
         if self.frozen and self.plan is not None:
             self._check_pinned(self.plan, size, limit, floor)
             return self.plan
         if limit is None:
             self.plan = limit_plan.Plan()
             return self.plan
-        plan = self._planning.plan(size, units, self._split(), limit - floor, self.plan)
+        plan = self._planning.plan(size, key, self._split(), limit - floor, self.plan)
         if plan is None:
             needed = self._planning.needed(floor)
             state = optimizer_state.pending_bytes(self.optimizer)
@@ -360,8 +397,8 @@ class Step:
         # planned for the model's training mode now (batch norm training: one micro-batch)
         return self._planning.needed(self._floor(), split=self._split())
 
-    def _loss(self, micro_batch):
-        return mb.loss_and_weight(self.loss_fn(self.model, micro_batch))
+    def _loss(self, micro_batch, loss_fn):
+        return mb.loss_and_weight(loss_fn(self.model, micro_batch))
 
     def _context(self, storage: str):
         if storage == "plain":
@@ -381,7 +418,7 @@ class Step:
             self._contexts[storage] = ctx
         return self._contexts[storage]
 
-    def _run(self, batch, size, plan, limit, floor, seconds, probes: int):
+    def _run(self, batch, size, plan, limit, floor, seconds, probes: int, loss_fn):
         ranges = mb.slices(size, plan.micro_batches)
         if plan.storage == "budget":
             ctx = self._context("budget")
@@ -398,7 +435,7 @@ class Step:
             if plan.storage == "plain":  # compress_saved ends a period itself
                 stores.new_step(None)  # a period of the store per micro-batch
             with blocks_mod.running(state), storage:
-                return self._loss(mb.take(batch, size, start, stop))
+                return self._loss(mb.take(batch, size, start, stop), loss_fn)
 
         t_all = time.perf_counter()
         try:
@@ -412,7 +449,9 @@ class Step:
                 self._in_flight = self._planned = None
         seconds.update(forward=done.forward, backward=done.backward,
                        total=time.perf_counter() - t_all + seconds.get("profile", 0.0))
-        measured = max(0, peak.nbytes - floor)
+        # what the step itself added: above the floor as it is resident (the optimizer state
+        # the floor counts ahead, before its first step, does not exist during this one)
+        measured = max(0, peak.nbytes - (floor - optimizer_state.pending_bytes(self.optimizer)))
         self.stats = StepStats(peak=max(peak.nbytes, probes), floor=floor, limit=limit,
                                predicted=int(floor + plan.peak), micro_batches=len(ranges),
                                seconds=seconds)

@@ -44,10 +44,12 @@ class Probe:
         self.state = blocks_mod.Running(recompute, profile=True)
 
 
-def probe(run_loss, params, samples: int, recompute=(), storage=None) -> Probe:
+def probe(run_loss, params, samples: int, recompute=(), storage=None,
+          fresh: bool = False) -> Probe:
     """Runs `run_loss(samples)` forward and backward, counting (see module doc); or, given a
     `storage` context (compress_saved), its forward in that context, counting nothing but the
-    peak and the seconds."""
+    peak and the seconds. `fresh`: the store's kept pages are released first, so that a probe
+    run once measures its own layout, not what the probe before it left kept."""
     out = Probe(samples, recompute)
     seen: set = set()
 
@@ -69,6 +71,8 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None) -> Probe:
         return t
 
     stores.new_step(None)
+    if fresh:  # the store's pages kept from the probe before go back first
+        stores.new_step(None)
     base = floor()
     t0 = time.perf_counter()
     counting = storage is None
@@ -119,22 +123,45 @@ def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
 
 def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: bool,
             spill_dir: str | None, room: float | None = None, paged=None,
-            bits: int = 8, budgeted=None, lossless=None) -> limit_plan.Profile:
+            bits: int = 8, budgeted=None, lossless=None,
+            first: int | None = None) -> limit_plan.Profile:
     """The step's profile for a batch of `batch` samples: probes of k samples and of 2k
     (where they fit in `room` bytes above the floor), each twice and the second counted (the
     first warms lazy state up and lays memory out first fit), buffers restored after. k is 1
     where micro-batches are allowed (a tight limit may hold little more than one sample);
     else (the whole batch runs at once, so an eighth of it fits wherever a plan can) an eighth
-    of the batch, for a clear difference; at least 2 where batch norm trains."""
+    of the batch, for a clear difference; at least 2 where batch norm trains; or `first`.
+
+    Along a sequence (one sample planned by its tokens), `batch` is its tokens, `run_loss(n)`
+    runs its first n, and `first` is a quarter of them: probes of a quarter and a half of
+    the sequence, so that its per-token costs come from two lengths. There each probe runs
+    once after one warm-up, and the paged probes only where recomputing every block would
+    not fit by the lean probe (else paging is not offered): the first step, probes
+    included, takes about three plain steps."""
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     least = 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
                      for m in model.modules()) else 1
     k = min(batch, least if split else max(least, batch // 8))
+    if first is not None:
+        k = max(1, min(batch, first))
     every = tuple(range(len(blocks)))
     beyond = False  # a probe went past the room: no larger one runs (see below)
+    twice = first is None
+    # what a probe's peak holds that does not grow with it: samples, nothing assumed; along a
+    # sequence, the gradients (whose size the length does not change)
+    fixed_guess = 0 if twice else sum(p.numel() * p.element_size() for p in params)
+
+    def counted(size, recompute=(), storage=None):
+        if twice:  # the first of each: lazy state warms up, the store learns lifetimes
+            probe(run_loss, params, size, recompute, storage)
+        if twice:
+            return probe(run_loss, params, size, recompute, storage)
+        return probe(run_loss, params, size, recompute, storage, fresh=True)
+
     try:
-        probe(run_loss, params, k)
+        # lazy state warms up (its size does not matter: along a sequence, a short one)
+        probe(run_loss, params, k if twice else max(1, k // 4))
         one = probe(run_loss, params, k)
         two = one
         if room is not None and one.peak > room:
@@ -142,37 +169,39 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             # further probe would go past it again (a process under a cgroup or a phone's
             # memory killer does not survive that), so the profile is what one size says
             beyond = True
-        elif batch >= 2 * k and (room is None or 2 * one.peak <= room):
-            probe(run_loss, params, 2 * k)  # the second of each size: the store has learned
-            two = probe(run_loss, params, 2 * k)
+        elif batch >= 2 * k and (room is None or 2 * one.peak - fixed_guess <= room):
+            two = counted(2 * k)
         elif batch >= 2 * k and k // 2 >= least:
             # 2k samples would not fit: k/2 and k instead (one size alone would count what
             # does not grow with the batch as growing, and the fixed part as nothing)
             k //= 2
-            probe(run_loss, params, k)
-            one = probe(run_loss, params, k)
+            one = counted(k)
         if every and not beyond:  # every block recomputed: how much of a cut in what is
-            probe(run_loss, params, k, every)  # held the peak sees
-            lean = probe(run_loss, params, k, every)
+            lean = counted(k, every)  # held the peak sees
+        lean_two = None  # along a sequence: backward's per-token cost, from a second length
+        if not twice and every and not beyond and two.samples > k and (
+                room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
+            lean_two = counted(two.samples, every)
         bare = []  # everything paged out: what the step needs whatever it holds
+        if lean_two is not None and room is not None and lean_two.peak + (batch - two.samples) \
+                * max(0.0, lean_two.peak - lean.peak) / (two.samples - k) <= room:
+            paged = None  # recomputation fits: paging is not needed (nor offered)
+            storages = tuple(name for name in storages if name != "paged")
         if paged is not None and not beyond:
             for size in sorted({k, two.samples}):
-                probe(run_loss, params, size, storage=paged)
-                bare.append(probe(run_loss, params, size, storage=paged))
+                bare.append(counted(size, storage=paged))
         timed = {}  # storages whose cost a probe measures: beside the codec, their bookkeeping
         if bare:
             timed["paged"] = bare[0].seconds
         budget_probe = None
         if budgeted is not None and not beyond:  # a budget of half the full size
             budgeted.budget = sum(one.saved.values()) // 2
-            probe(run_loss, params, k, storage=budgeted)
-            budget_probe = probe(run_loss, params, k, storage=budgeted)
+            budget_probe = counted(k, storage=budgeted)
             timed["budget"] = budget_probe.seconds
         lossless_probe = None
         if lossless is not None and not beyond and storage_ratio(one, None, None) <= 0.97:
             # the lossless codec's own work (decoding beside the gradients), as the budget's
-            probe(run_loss, params, k, storage=lossless)
-            lossless_probe = probe(run_loss, params, k, storage=lossless)
+            lossless_probe = counted(k, storage=lossless)
             timed["lossless"] = lossless_probe.seconds
     finally:
         with torch.no_grad():
@@ -192,10 +221,11 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     if beyond:  # nothing below what k samples peaked at was measured: no plan is trusted
         least = per_sample(one.peak, two.peak)  # to go below it
     # From the second micro-batch on, the gradients the first left in .grad stay for the
-    # whole of each (in a probe they only build up during backward). A step's gradients are
-    # always new: what .grad held before is set aside, not added to (limit/accumulate.py)
+    # whole of each (in a probe they only build up during backward, as in a single
+    # micro-batch). A step's gradients are always new: what .grad held before is set aside,
+    # not added to (limit/accumulate.py)
     grads = sum(p.numel() * p.element_size() for p in params)
-    fixed = max(0.0, one.peak - slope * k) + grads
+    fixed = max(0.0, one.peak - slope * k)
     found = [limit_plan.Block(saved=saved.get(i, 0.0),
                               inputs=per_sample(one.state.inputs.get(i, 0),
                                                 two.state.inputs.get(i, 0)),
@@ -208,6 +238,24 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
         if cut > 0:
             effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
+    flat = None
+    if not twice and beyond:  # along a sequence, what a quarter of it holds beyond the
+        fixed = min(one.peak, fixed_guess)  # gradients grows with it
+        least = (one.peak - fixed) / k
+    if not twice and not beyond and n > k:
+        # Along a sequence, two phases (limit_plan.Profile.flat): at the turn, every save held
+        # over what does not grow (bounded by each probe: the turn is at most its peak); in
+        # backward, the gradients and, per token, what the probes that recompute every block
+        # grew by beyond the recomputed block's saves (or the plain probes' growth)
+        fixed = max(0.0, min(one.peak - k * sum(saved.values()),
+                             two.peak - n * sum(saved.values())))
+        work, effect = 0.0, 1.0
+        if lean_two is not None and found:
+            lean_slope = per_sample(lean.peak, lean_two.peak)
+            least = max(least, lean_slope - max(b.saved for b in found))
+            flat = max(0.0, lean.peak - k * lean_slope)
+        else:
+            least, flat = max(least, slope), max(0.0, one.peak - k * slope)
     made = []
     for name in storages:
         if name == "plain":
@@ -238,7 +286,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                               rest=saved.get(None, 0.0), blocks=tuple(found),
                               seconds=two.seconds / n, per_micro_batch=per_micro_batch,
                               storages=tuple(made), split=split, effect=effect,
-                              least=least)
+                              least=least, grads=grads, flat=flat)
 
 
 def memory_backed(path: str | None) -> bool:

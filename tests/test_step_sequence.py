@@ -1,0 +1,115 @@
+"""One long sample per step: act.Step plans it along its tokens (probes on its first quarter
+and half, no micro-batches), runs a transformers causal LM's head and loss in chunks under a
+limit, and gives plain PyTorch's gradients. Tiny transformers models built from configs
+(random init, nothing downloaded)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import actcodec.torch as act
+from actcodec.torch.limit import causal_lm, shape, step_profile
+
+tf = pytest.importorskip("transformers")
+
+VOCAB, TOKENS = 512, 256
+GENEROUS = "64GiB"  # a limit that plans, whatever the machine
+
+
+def gpt2(seed=0):  # tied embeddings
+    torch.manual_seed(seed)
+    return tf.GPT2LMHeadModel(tf.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, n_positions=TOKENS, vocab_size=VOCAB, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+
+
+def llama(seed=0):  # untied head
+    torch.manual_seed(seed)
+    return tf.LlamaForCausalLM(tf.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=TOKENS,
+        bos_token_id=0, eos_token_id=0))
+
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+
+
+def sample(tokens=TOKENS, seed=1):
+    ids = torch.randint(0, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(seed))
+    labels = ids.clone()
+    labels[0, :tokens // 8] = -100  # a prompt that is not trained on
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def flat_grad(m):
+    return torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_one_long_sample_is_planned_along_its_tokens_and_gives_the_plain_gradient(
+        name, monkeypatch):
+    batch = sample()
+    want = MODELS[name]()
+    want(**batch).loss.backward()
+
+    sizes, real = [], step_profile.probe
+
+    def recording(run_loss, params, samples, *args, **kwargs):
+        sizes.append(samples)
+        return real(run_loss, params, samples, *args, **kwargs)
+
+    monkeypatch.setattr(step_profile, "probe", recording)
+    chunked, real_loss = [], causal_lm.causal_lm_loss
+
+    def counting(model, b, chunk_tokens=None):
+        chunked.append(b["input_ids"].shape[1])
+        return real_loss(model, b, chunk_tokens=chunk_tokens)
+
+    monkeypatch.setattr(causal_lm, "causal_lm_loss", counting)
+    model = MODELS[name]()
+    with act.Step(model, limit=GENEROUS, exact=True) as step:
+        step(batch)
+        assert step.profile.unit == "token" and step.profile.batch == TOKENS
+        assert step.plan.micro_batches == 1
+    # probes on the sample's first tokens: a short warm-up, a quarter, a half
+    assert max(sizes) == TOKENS // 2 and TOKENS // 4 in sizes, sizes
+    assert chunked[-1] == TOKENS and set(chunked) >= {TOKENS // 4, TOKENS // 2}
+    got, ref = flat_grad(model), flat_grad(want)
+    assert F.cosine_similarity(got, ref, dim=0) >= 0.99999
+    assert (got - ref).norm() / ref.norm() < 1e-5
+
+
+def test_without_a_limit_or_with_chunk_loss_off_the_models_own_loss_runs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(causal_lm, "causal_lm_loss",
+                        lambda *a, **k: calls.append(1) or pytest.fail("chunked loss ran"))
+    batch = sample()
+    for kwargs in ({"limit": None}, {"limit": GENEROUS, "chunk_loss": False}):
+        with act.Step(llama(), exact=True, **kwargs) as step:
+            assert torch.isfinite(step(batch))
+    assert not calls
+
+
+def test_a_loss_fn_or_a_model_not_covered_keeps_its_own_loss(monkeypatch):
+    monkeypatch.setattr(causal_lm, "causal_lm_loss",
+                        lambda *a, **k: pytest.fail("chunked loss ran"))
+    model = llama()
+    with act.Step(model, limit=GENEROUS, loss_fn=lambda m, b: m(**b).loss) as step:
+        step(sample())
+    # a model whose head is not a Linear layer is not covered
+    assert not causal_lm.covers(torch.nn.Linear(4, 4))
+
+
+def test_what_counts_as_one_long_sample():
+    ids = torch.zeros(1, 100, dtype=torch.long)
+    assert shape.sequence_length({"input_ids": ids, "labels": ids}, 1) == 100
+    assert shape.sequence_length({"input_ids": ids[:, :10]}, 1) is None  # short: a sample
+    assert shape.sequence_length({"input_ids": torch.zeros(2, 100, dtype=torch.long)},
+                                 2) is None  # more than one sample
+    image = torch.zeros(1, 3, 224, 224)
+    assert shape.sequence_length(image, 1) is None  # no token ids: not a sequence
+    assert shape.sequence_length((torch.zeros(1, 224, 224),), 1) is None
+    # tensors that disagree on the length: nothing can be cut safely
+    assert shape.sequence_length({"input_ids": ids, "x": torch.zeros(1, 7, 4)}, 1) is None
+    cut = shape.first_tokens({"input_ids": ids, "labels": ids, "n": torch.tensor(3)}, 100, 25)
+    assert cut["input_ids"].shape == (1, 25) and cut["labels"].shape == (1, 25)
+    assert cut["n"].shape == ()
