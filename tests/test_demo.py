@@ -137,3 +137,11 @@ def test_the_limits_demo_trains_within_each_limit_it_accepts(tmp_path):
         assert r["test_loss"] > 0
     assert (tmp_path / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| limit " in (tmp_path / "demo.md").read_text()
+    # the second case: one long sample per step (a transformers Llama layout at batch 1)
+    long_runs = data["long"]
+    if long_runs:
+        assert [r["config"] for r in long_runs[:2]] == ["fp32", "checkpoint"]
+        assert long_runs[2]["config"].startswith("limit=")
+        for r in long_runs[2:]:  # planned along the sequence: run within it, or refused
+            assert r.get("within") or r.get("needed"), r
+        assert "## One long sample per step" in (tmp_path / "demo.md").read_text()

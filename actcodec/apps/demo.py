@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 
-from . import configs, demo_digits, demo_limits, demo_table, demo_text
+from . import configs, demo_digits, demo_limits, demo_long, demo_table, demo_text
 
 DEFAULT_CONFIGS = "fp32,lossless,8bit,4bit,2bit,auto,checkpoint,budget/4,budget/8,budget/4-halved"
 MiB = 2**20
@@ -156,6 +156,11 @@ def _configs(text: str) -> list[str]:
 def main(args) -> int:
     _require()
     if getattr(args, "task", "limits") == "limits":
+        if args.worker and args.worker.startswith("long:"):
+            result = demo_long.run(args.worker[len("long:"):], json.loads(args.settings))
+            with open(args.result, "w") as f:
+                json.dump(result, f)
+            return 0
         if args.worker:
             result = demo_limits.run(args.worker, json.loads(args.settings), args.data)
             with open(args.result, "w") as f:

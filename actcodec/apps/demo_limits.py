@@ -7,7 +7,8 @@ the whole process, each in a fresh process:
 - ``limit=...``: `actcodec.torch.Step(model, limit=...)` at the plain peak, about 1/2 and 1/3
   of it, and the smallest limit the library accepts once the optimizer's state exists
   (`Step.smallest_limit()` after the other limits' runs); and a limit far too small, refused
-  with `MemoryLimitError` before the first step.
+  with `MemoryLimitError` before the first step;
+- then one long sample per step, a transformers Llama layout at batch 1 (demo_long.py).
 
 Each reports every step's peak RSS (the probes of its first step and the optimizer's step
 included), the median step time, the loss of every step and the held-out loss at the end;
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from . import demo_text
+from . import demo_long, demo_text
 
 MiB = 2**20
 FULL = {"width": 384, "batch_size": 16, "size": 512, "layers": 6, "steps": 10}
@@ -42,6 +43,7 @@ def settings(args) -> dict:
     for k, v in s.items():
         if v < 1:
             raise SystemExit(f"--{k.replace('_', '-')} must be at least 1")
+    s["quick"] = bool(args.quick)
     if s["width"] % 4:
         raise SystemExit("--width must be a multiple of 4 (the model's 4 heads)")
     return s
@@ -153,13 +155,23 @@ def parent(s: dict, out: str) -> int:
         if least is not None and (not accepted or least < min(accepted)):
             results.append(show(_worker(f"limit={least // MiB}MiB", s, tmp)))
         results.append(show(_worker(f"limit={TOO_SMALL}", s, tmp)))
+        long_settings = {**(demo_long.QUICK if s["quick"] else demo_long.FULL),
+                         "threads": s["threads"]}
+        long_runs = demo_long.parent(long_settings, tmp)
     total = time.perf_counter() - t0
     table = format_table(results, plain)
-    print("\n" + table + f"\n\nTotal {total:.0f} s.")
+    text = "# actcodec demo: training within a memory limit\n\n" + table + "\n"
+    if long_runs:
+        text += (f"\n## One long sample per step\n\nA Llama layout ({long_settings['layers']} x "
+                 f"{long_settings['width']}, vocabulary {long_settings['vocab']}), batch 1 x "
+                 f"{long_settings['tokens']} tokens:\n\n" + demo_long.format_table(long_runs)
+                 + "\n")
+    print("\n" + text + f"\nTotal {total:.0f} s.")
     with open(os.path.join(out, "demo.md"), "w") as f:
-        f.write("# actcodec demo: training within a memory limit\n\n" + table + "\n")
+        f.write(text)
     with open(os.path.join(out, "demo.json"), "w") as f:
-        json.dump({"settings": s, "total_seconds": total, "results": results}, f, indent=1)
+        json.dump({"settings": s, "total_seconds": total, "results": results,
+                   "long_settings": long_settings, "long": long_runs}, f, indent=1)
     plot(results, os.path.join(out, "demo.png"))
     print(f"wrote {os.path.join(out, 'demo.md')}, demo.png and demo.json")
     return 0
