@@ -310,9 +310,11 @@ def others_cores(start: dict | None, end: dict | None) -> float | None:
 
 
 def run_config(model_name: str, config: str, limit: int | None, size: dict, steps: int,
-               threads: int, timeout: float) -> dict:
+               threads: int, timeout: float, call: str | None = None) -> dict:
     """One configuration in a fresh process; its VmRSS read every SAMPLE_PERIOD seconds from
-    here and attributed to the loop step the worker marks."""
+    here and attributed to the loop step the worker marks. `call`: another worker, a Python
+    expression in `module.function(...)` form with `{marker}` where the marker page's path
+    goes (bench/long_sequence.py); its dict result is kept as this one's is."""
     with tempfile.TemporaryDirectory() as tmp:
         marker_path, result_path = os.path.join(tmp, "marker"), os.path.join(tmp, "out.json")
         with open(marker_path, "wb") as f:
@@ -320,9 +322,12 @@ def run_config(model_name: str, config: str, limit: int | None, size: dict, step
         fd = os.open(marker_path, os.O_RDONLY)
         marker = mmap.mmap(fd, 8, access=mmap.ACCESS_READ)
         os.close(fd)
-        code = (f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import loop; "
-                f"r = loop.worker({model_name!r}, {config!r}, {limit!r}, {size!r}, {steps}, "
-                f"{threads}, {marker_path!r}); "
+        if call is None:
+            call = (f"loop.worker({model_name!r}, {config!r}, {limit!r}, {size!r}, {steps}, "
+                    f"{threads}, {{marker}})")
+        module = call.split(".", 1)[0]
+        code = (f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import {module}; "
+                f"r = {call.replace('{marker}', repr(marker_path))}; "
                 f"open({result_path!r}, 'w').write(json.dumps(r))")
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=str(ROOT),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
