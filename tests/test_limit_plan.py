@@ -13,7 +13,7 @@ STORAGES = (lp.PLAIN, lp.Storage("lossless", 0.8, 2e-10, True),
             lp.Storage("4bit", 0.16, 1e-9, False))
 
 
-def _counts(profile, measured, recompute, storage):
+def _counts(profile, measured, recompute, storage, chunks=1):
     """Micro-batch counts a plan may take: those giving distinct micro-batch sizes (a count
     between two of them splits into micro-batches no smaller than the lower one's, and costs
     more), and counts already measured with this storage (and these blocks recomputed)."""
@@ -21,7 +21,7 @@ def _counts(profile, measured, recompute, storage):
         return [1]
     return sorted(set(lp._counts(profile.batch))
                   | {k[0] for k in measured.peaks
-                     if k == lp.memory_key(profile, k[0], recompute, storage.name)}
+                     if k == lp.memory_key(profile, k[0], recompute, storage.name, chunks)}
                   | {m for m, name in measured.worst if name == storage.name})
 
 
@@ -33,10 +33,11 @@ def brute_force(profile, available, exact, measured=lp.NOTHING):
             for s in profile.storages:
                 if exact and not s.exact:
                     continue
-                for m in _counts(profile, measured, r, s):
-                    p = lp.predict(profile, m, r, s, measured)
-                    if p.peak <= available:
-                        plans[s.exact].append(p)
+                for c in lp.chunk_counts(profile):
+                    for m in _counts(profile, measured, r, s, c):
+                        p = lp.predict(profile, m, r, s, measured, c)
+                        if p.peak <= available:
+                            plans[s.exact].append(p)
     e = min(plans[True], key=lambda p: p.seconds, default=None)
     lossy = min(plans[False], key=lambda p: p.seconds, default=None)
     if lossy is None:
@@ -47,7 +48,8 @@ def brute_force(profile, available, exact, measured=lp.NOTHING):
 
 
 blocks = st.lists(st.builds(lp.Block, st.sampled_from([1e5, 3e5, 8e5]),
-                            st.sampled_from([1e4, 5e4]), st.floats(1e-4, 1e-2)),
+                            st.sampled_from([1e4, 5e4]), st.floats(1e-4, 1e-2),
+                            st.sampled_from([0.0, 5e4]), st.just(1e4), st.floats(0, 1e-3)),
                   max_size=5)
 profiles = st.builds(
     lp.Profile, batch=st.integers(1, 12), fixed=st.floats(0, 1e7), work=st.floats(0, 1e6),
@@ -56,7 +58,20 @@ profiles = st.builds(
     storages=st.lists(st.sampled_from(STORAGES[1:]), unique=True).map(
         lambda s: (lp.PLAIN, *s)),
     split=st.booleans(), effect=st.floats(0.1, 1.0), least=st.floats(0, 2e6),
-    grads=st.floats(0, 1e7), flat=st.one_of(st.none(), st.floats(0, 1e7)))
+    grads=st.floats(0, 1e7), flat=st.one_of(st.none(), st.floats(0, 1e7)),
+    unit=st.sampled_from(["sample", "token"]))
+# one long sample along its tokens: never split, position-wise chunks on offer
+sequences = st.builds(
+    lp.Profile, batch=st.sampled_from([100, 256, 1024]), fixed=st.floats(0, 1e7),
+    work=st.floats(0, 10.0), rest=st.floats(0, 1e3),
+    blocks=st.lists(st.builds(lp.Block, st.sampled_from([1e4, 3e4]), st.sampled_from([1e3]),
+                              st.floats(1e-6, 1e-5), st.sampled_from([0.0, 8e3]),
+                              st.sampled_from([5e2, 1e3]), st.floats(0, 5e-6)),
+                    max_size=4).map(tuple),
+    seconds=st.floats(1e-5, 1e-4), storages=st.just((lp.PLAIN, STORAGES[2])),
+    split=st.just(False), least=st.floats(0, 1e4), flat=st.one_of(st.none(),
+                                                                  st.floats(0, 1e7)),
+    unit=st.just("token"))
 
 
 @st.composite
@@ -67,7 +82,8 @@ def measurements(draw, profile):
         r = tuple(sorted(draw(st.sets(st.integers(0, max(len(profile.blocks) - 1, 0)),
                                       max_size=len(profile.blocks)))))
         s = draw(st.sampled_from(profile.storages)).name
-        peaks[lp.memory_key(profile, m, r, s)] = draw(st.floats(0, 4e7))
+        c = draw(st.sampled_from(lp.chunk_counts(profile)))
+        peaks[lp.memory_key(profile, m, r, s, c)] = draw(st.floats(0, 4e7))
     counts = range(1, (profile.batch if profile.split else 1) + 1)
     worst = {(m, s.name): draw(st.floats(0, 2)) for s in profile.storages
              for m in counts[:3] if draw(st.booleans())}
@@ -75,7 +91,7 @@ def measurements(draw, profile):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.data(), profiles, st.floats(0, 4e7), st.booleans())
+@given(st.data(), st.one_of(profiles, sequences), st.floats(0, 4e7), st.booleans())
 def test_the_solver_finds_what_brute_force_finds(data, profile, available, exact):
     measured = data.draw(measurements(profile))
     got = lp.solve(profile, available, exact, measured)
@@ -89,7 +105,7 @@ def test_the_solver_finds_what_brute_force_finds(data, profile, available, exact
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.data(), profiles, st.booleans())
+@given(st.data(), st.one_of(profiles, sequences), st.booleans())
 def test_smallest_is_the_least_any_plan_fits_in(data, profile, exact):
     measured = data.draw(measurements(profile))
     least = lp.smallest(profile, exact, measured)

@@ -47,16 +47,23 @@ def find(model: torch.nn.Module) -> list:
 
 
 class Running:
-    """What blocks do in one context: `recompute`, the indices of blocks to checkpoint; and,
-    for a profile, per block the seconds its forwards took and the bytes of its inputs, and
-    `current`, the block running now (None outside all)."""
+    """What blocks do in one context: `recompute`, the indices of blocks to checkpoint;
+    `chunks`, how many chunks of the sequence their position-wise children run in
+    (mini_sequence.py; 1: whole); and, for a profile, per block the seconds its forwards took
+    and the bytes of its inputs, and of its position-wise children, and `current`, the block
+    running now (None outside all), `local`, the block whose position-wise child runs now."""
 
-    def __init__(self, recompute=(), profile: bool = False):
+    def __init__(self, recompute=(), profile: bool = False, chunks: int = 1):
         self.recompute = frozenset(recompute)
         self.profile = profile
+        self.chunks = chunks
         self.current = None
+        self.local = None
         self.seconds: dict = {}
         self.inputs: dict = {}
+        self.local_inputs: dict = {}
+        self.local_seconds: dict = {}
+        self.local_open: list = []
         # per block index, the calls open now (a block called again inside its own
         # forward nests): (its checkpoint's generator or None, the block around it, start)
         self.open: dict = {}
@@ -73,21 +80,24 @@ def running(state: Running):
 
 class _Outside:
     """A context in which no plan is running: a recomputation in backward runs its block's
-    forward as it is (no second checkpoint, nothing counted twice). Reusable, as backward may
-    recompute a region more than once (retain_graph)."""
+    forward as it is (no second checkpoint, nothing counted twice), its position-wise
+    children in the plan's `chunks` still. Reusable, as backward may recompute a region more
+    than once (retain_graph)."""
 
-    def __init__(self):
+    def __init__(self, chunks: int = 1):
+        self.chunks = chunks
         self._tokens: list = []
 
     def __enter__(self):
-        self._tokens.append(_PLAN.set(None))
+        self._tokens.append(_PLAN.set(Running(chunks=self.chunks) if self.chunks > 1
+                                      else None))
 
     def __exit__(self, *exc):
         _PLAN.reset(self._tokens.pop())
 
 
-def _contexts():
-    return contextlib.nullcontext(), _Outside()
+def _contexts(chunks: int = 1):
+    return contextlib.nullcontext(), _Outside(chunks)
 
 
 def _tensor_bytes(values) -> int:
@@ -142,8 +152,8 @@ class _Enter:
         if i in state.recompute and torch.is_grad_enabled():
             # backward runs the forward again (not __call__: hooks stay outside the region)
             gen = _checkpoint_without_reentrant_generator(
-                functools.partial(module.forward, **kwargs), True, _contexts, "default",
-                False, True, *args)
+                functools.partial(module.forward, **kwargs), True,
+                functools.partial(_contexts, state.chunks), "default", False, True, *args)
             next(gen)  # the region begins: saves are recomputed, not kept
         state.open.setdefault(i, []).append((gen, state.current, t0))
         state.current = i

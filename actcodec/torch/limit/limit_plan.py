@@ -41,16 +41,32 @@ MAX_COMBINATIONS = 4096  # sets of recomputed blocks tried exhaustively; beyond,
 # Once plans have run, one not yet run is trusted to the model's peak times the worst ratio
 # of measured to model seen, plus this share (a new plan's first step, a noisy peak).
 CALIBRATED_MARGIN = 0.10
+# Position-wise sub-modules along a sequence run in at most this many chunks, each of at
+# least this many tokens (a smaller chunk saves less than its own overhead costs).
+MAX_CHUNKS, MIN_CHUNK_TOKENS = 16, 64
 
 
 @dataclass(frozen=True)
 class Block:
     """A repeated block, per sample: bytes it saves for backward, bytes its checkpoint keeps
-    (its inputs) when recomputed, and the seconds of its forward (what recomputing costs)."""
+    (its inputs) when recomputed, and the seconds of its forward (what recomputing costs);
+    and of its position-wise sub-modules (an MLP: actcodec.torch.limit.mini_sequence), the
+    bytes they save (`local`, part of `saved`), their inputs and their forward's seconds."""
 
     saved: float
     inputs: float
     forward: float
+    local: float = 0.0
+    local_inputs: float = 0.0
+    local_forward: float = 0.0
+
+    def chunked(self, chunks: int) -> tuple:
+        """(bytes saved, bytes one chunk's recomputation adds in backward) per sample where
+        its position-wise sub-modules run in `chunks` chunks of the sequence, each recomputed
+        in backward: they keep their inputs only."""
+        if chunks <= 1 or self.local <= 0:
+            return self.saved, 0.0
+        return self.saved - self.local + self.local_inputs, self.local / chunks
 
 
 @dataclass(frozen=True)
@@ -128,7 +144,8 @@ def scaled(profile: Profile, units: float) -> Profile:
         f, t = (1.0 if r <= 1 else r * r), r
     return replace(profile, units=units, work=profile.work * f, rest=profile.rest * f,
                    least=profile.least * f, seconds=profile.seconds * t,
-                   blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * t)
+                   blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * t, b.local * f,
+                                      b.local_inputs * f, b.local_forward * t)
                                 for b in profile.blocks),
                    storages=tuple(replace(s, extra=s.extra * f) for s in profile.storages))
 
@@ -144,6 +161,7 @@ class Plan:
     storage: str = "plain"
     peak: float = field(default=0.0, compare=False)
     seconds: float = field(default=0.0, compare=False)
+    chunks: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -152,42 +170,47 @@ class Plan:
     def from_dict(cls, d: dict) -> "Plan":
         return cls(int(d["micro_batches"]), tuple(int(i) for i in d.get("recompute", ())),
                    str(d.get("storage", "plain")), float(d.get("peak", 0.0)),
-                   float(d.get("seconds", 0.0)))
+                   float(d.get("seconds", 0.0)), int(d.get("chunks", 1)))
 
 
-def phases(profile: Profile, recompute, storage: Storage, samples: int) -> float:
+def phases(profile: Profile, recompute, storage: Storage, samples: int,
+           chunks: int = 1) -> float:
     """The peak above the floor of `samples` samples (beyond `fixed` and the gradients a
     micro-batch after the first holds): one phase's per-sample bytes over `fixed`, or, with
     `flat`, the larger of both phases."""
-    bytes_ = samples * sample_bytes(profile, recompute, storage)
+    bytes_ = samples * sample_bytes(profile, recompute, storage, chunks)
     if profile.flat is None:
         return profile.fixed + bytes_
-    transient = max((b.saved for i, b in enumerate(profile.blocks) if i in recompute),
-                    default=0.0)
     return max(profile.fixed + bytes_,
-               profile.flat + samples * (profile.least + transient + storage.extra))
+               profile.flat + samples * (profile.least + _transient(profile, recompute, chunks)
+                                         + storage.extra))
 
 
-def sample_bytes(profile: Profile, recompute, storage: Storage) -> float:
+def _transient(profile: Profile, recompute, chunks: int) -> float:
+    """Bytes per sample backward brings back at once: a recomputed block's saves (with its
+    position-wise parts in chunks, those it keeps and one chunk's), or one chunk's of a
+    block that is not recomputed."""
+    out = 0.0
+    for i, block in enumerate(profile.blocks):
+        saved, chunk = block.chunked(chunks)
+        out = max(out, saved + chunk if i in recompute else chunk)
+    return out
+
+
+def sample_bytes(profile: Profile, recompute, storage: Storage, chunks: int = 1) -> float:
     """Bytes per sample at the peak, beyond `fixed`, for a set of recomputed blocks (the
     turn's, where the profile has `flat`)."""
     plain = profile.rest + sum(b.saved for b in profile.blocks)
-    held = profile.rest
-    transient = 0.0
-    for i, block in enumerate(profile.blocks):
-        if i in recompute:
-            held += block.inputs
-            transient = max(transient, block.saved)
-        else:
-            held += block.saved
-    cut = plain - (storage.ratio * held + transient)
+    held = held_bytes(profile, recompute, chunks)
+    cut = plain - (storage.ratio * held + _transient(profile, recompute, chunks))
     at_turn = profile.work + plain - profile.effect * cut + storage.extra
     return at_turn if profile.flat is not None else max(profile.least, at_turn)
 
 
-def held_bytes(profile: Profile, recompute) -> float:
-    """Bytes per sample held for backward at full size, for a set of recomputed blocks."""
-    return profile.rest + sum(b.inputs if i in recompute else b.saved
+def held_bytes(profile: Profile, recompute, chunks: int = 1) -> float:
+    """Bytes per sample held for backward at full size, for a set of recomputed blocks (and
+    position-wise parts in `chunks` chunks)."""
+    return profile.rest + sum(b.inputs if i in recompute else b.chunked(chunks)[0]
                               for i, b in enumerate(profile.blocks))
 
 
@@ -234,30 +257,47 @@ class Measured:
 NOTHING = Measured()
 
 
-def memory_key(profile: Profile, micro_batches: int, recompute, storage: str) -> tuple:
+def memory_key(profile: Profile, micro_batches: int, recompute, storage: str,
+               chunks: int = 1) -> tuple:
     """What a plan's memory depends on: its micro-batches, the bytes of the blocks it
     recomputes (blocks with the same bytes are interchangeable), its storage, and the shape
     it runs at: samples per micro-batch and elements per sample (a measured peak holds for
-    that shape alone; a batch of another shape is judged by the calibrated model)."""
+    that shape alone; a batch of another shape is judged by the calibrated model); and the
+    chunks its position-wise sub-modules run in."""
     kinds = tuple(sorted((profile.blocks[i].saved, profile.blocks[i].inputs)
                          for i in recompute))
     return (micro_batches, kinds, storage, math.ceil(profile.batch / micro_batches),
-            profile.units, profile.unit)
+            profile.units, profile.unit, chunks)
+
+
+def chunk_counts(profile: Profile) -> list:
+    """The chunk counts a plan may run position-wise sub-modules in: along a sequence (a
+    token profile) with such sub-modules, 2 to MAX_CHUNKS, each chunk MIN_CHUNK_TOKENS or
+    more; else 1 (whole)."""
+    counts = [1]
+    if profile.unit == "token" and any(b.local > 0 for b in profile.blocks):
+        c = 2
+        while c <= MAX_CHUNKS and profile.batch >= c * MIN_CHUNK_TOKENS:
+            counts.append(c)
+            c *= 2
+    return counts
 
 
 def predict(profile: Profile, micro_batches: int, recompute, storage: Storage,
-            measured: Measured = NOTHING) -> Plan:
+            measured: Measured = NOTHING, chunks: int = 1) -> Plan:
     """The plan with its predicted peak (bytes above the floor) and seconds."""
     recompute = tuple(sorted(recompute))
     b = math.ceil(profile.batch / micro_batches)
     grads = profile.grads if micro_batches > 1 else 0.0
-    peak = measured.peak(memory_key(profile, micro_batches, recompute, storage.name),
-                         grads + phases(profile, recompute, storage, b))
-    seconds = (profile.batch * (profile.seconds
+    peak = measured.peak(memory_key(profile, micro_batches, recompute, storage.name, chunks),
+                         grads + phases(profile, recompute, storage, b, chunks))
+    local = sum(block.local_forward for block in profile.blocks) if chunks > 1 else 0.0
+    seconds = (profile.batch * (profile.seconds + local
                                 + sum(profile.blocks[i].forward for i in recompute)
-                                + storage.seconds_per_byte * held_bytes(profile, recompute))
+                                + storage.seconds_per_byte * held_bytes(profile, recompute,
+                                                                        chunks))
                + micro_batches * profile.per_micro_batch)
-    return Plan(micro_batches, recompute, storage.name, peak, seconds)
+    return Plan(micro_batches, recompute, storage.name, peak, seconds, chunks)
 
 
 def recompute_sets(blocks) -> list:
@@ -277,7 +317,7 @@ def recompute_sets(blocks) -> list:
 
 
 def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, available: float,
-                          measured: Measured) -> int | None:
+                          measured: Measured, chunks: int = 1) -> int | None:
     """The fewest micro-batches whose predicted peak fits. The model's peak falls as the
     micro-batches shrink, so a bisection finds where it starts to fit; a measured plan, or one
     whose micro-batch count is calibrated, may fit where the model says not, or the reverse,
@@ -286,7 +326,7 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
     model = Measured(caution=measured.caution)  # monotone in m > 1: what bisection needs
 
     def fits(m, by=measured):
-        return predict(profile, m, recompute, storage, by).peak <= available
+        return predict(profile, m, recompute, storage, by, chunks).peak <= available
 
     if fits(1):  # one micro-batch holds no gradients through the others: checked apart
         return 1
@@ -299,7 +339,7 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
         else:
             lo = mid + 1
     known = sorted({k[0] for k in measured.peaks
-                    if k == memory_key(profile, k[0], recompute, storage.name)}
+                    if k == memory_key(profile, k[0], recompute, storage.name, chunks)}
                    | {m for m, name in measured.worst if name == storage.name})
     # (a count measured while micro-batches were allowed, in eval mode say, is not one now)
     best = next((m for m in known if (profile.split or m == 1) and fits(m)), None)
@@ -317,7 +357,7 @@ def _counts(batch: int) -> list:
 
 
 def _fastest(plans):
-    return min(plans, key=lambda p: (p.seconds, p.micro_batches, len(p.recompute)),
+    return min(plans, key=lambda p: (p.seconds, p.micro_batches, len(p.recompute), p.chunks),
                default=None)
 
 
@@ -326,14 +366,14 @@ def solve(profile: Profile, available: float, exact: bool = False,
     """The fastest plan whose predicted peak is at most `available` bytes above the floor,
     preferring exact storage (see LOSSY_GAIN); None if none fits."""
     candidates = {True: [], False: []}
-    for recompute in recompute_sets(profile.blocks):
-        for storage in profile.storages:
-            if exact and not storage.exact:
-                continue
-            m = _fewest_micro_batches(profile, recompute, storage, available, measured)
-            if m is not None:
-                candidates[storage.exact].append(
-                    predict(profile, m, recompute, storage, measured))
+    for recompute, storage, chunks in itertools.product(
+            recompute_sets(profile.blocks), profile.storages, chunk_counts(profile)):
+        if exact and not storage.exact:
+            continue
+        m = _fewest_micro_batches(profile, recompute, storage, available, measured, chunks)
+        if m is not None:
+            candidates[storage.exact].append(
+                predict(profile, m, recompute, storage, measured, chunks))
     best_exact, best_lossy = _fastest(candidates[True]), _fastest(candidates[False])
     if best_lossy is None:
         return best_exact
@@ -347,5 +387,6 @@ def smallest(profile: Profile, exact: bool = False, measured: Measured = NOTHING
     counts = set(_counts(profile.batch) if profile.split else [1])
     counts |= {k[0] for k in measured.peaks if profile.split or k[0] == 1}
     counts |= {m for m, _ in measured.worst if profile.split or m == 1}
-    return min(predict(profile, m, r, s, measured).peak for r in recompute_sets(profile.blocks)
+    return min(predict(profile, m, r, s, measured, c).peak
+               for r in recompute_sets(profile.blocks) for c in chunk_counts(profile)
                for s in profile.storages if s.exact or not exact for m in counts)

@@ -42,14 +42,18 @@ def stay(plan, last, profile: limit_plan.Profile, room_left: float,
         return plan
     if last.micro_batches > 1 and not profile.split:
         return plan  # batch norm trains now: micro-batches are no longer allowed
-    key = lambda p: limit_plan.memory_key(profile, p.micro_batches, p.recompute, p.storage)
+    key = lambda p: limit_plan.memory_key(profile, p.micro_batches, p.recompute, p.storage,
+                                          p.chunks)
     if key(last) not in measured.peaks or key(plan) in measured.peaks \
             or measured.peaks[key(last)] > room_left:
         return plan
     storage = next((s for s in profile.storages if s.name == last.storage), None)
     if storage is None:
         return plan
-    kept = limit_plan.predict(profile, last.micro_batches, last.recompute, storage, measured)
+    if last.chunks not in limit_plan.chunk_counts(profile):
+        return plan
+    kept = limit_plan.predict(profile, last.micro_batches, last.recompute, storage, measured,
+                              last.chunks)
     return plan if plan.seconds * SWITCH_GAIN < kept.seconds else kept
 
 
@@ -122,7 +126,8 @@ class Planning:
             return int(max(0, available(room)))
         storage = next(s for s in self.profile.storages if s.name == "budget")
         b = -(-size // plan.micro_batches)
-        held = b * storage.ratio * limit_plan.held_bytes(self.profile, plan.recompute)
+        held = b * storage.ratio * limit_plan.held_bytes(self.profile, plan.recompute,
+                                                         plan.chunks)
         return int(max(0.0, held + max(0.0, self.available - plan.peak)))
 
     def needed(self, floor: int, split: bool | None = None) -> int | None:
@@ -140,8 +145,10 @@ class Planning:
         profile = self.profile
         if profile is None or plan.peak <= 0:
             return
-        key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage)
+        key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage,
+                                    plan.chunks)
         storage = next(s for s in profile.storages if s.name == plan.storage)
-        model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage).peak
+        model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage,
+                                   chunks=plan.chunks).peak
         if model > 0:
             self.measured = self.measured.learn(key, measured, model)

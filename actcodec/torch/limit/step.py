@@ -41,7 +41,7 @@ from . import accumulate
 from . import blocks as blocks_mod
 from . import causal_lm, chunked_loss
 from . import limit_plan
-from . import loss_weights
+from . import loss_weights, mini_sequence
 from . import micro_batches as mb
 from . import optimizer_state, planning, shape, step_profile
 from ..budget import spill as spills
@@ -166,7 +166,8 @@ class Step:
         # recomputation as removable hooks on the blocks (shared with another Step on the
         # same blocks); close(), or the Step's garbage collection, takes them off
         attachment = blocks_mod.attach(self.blocks)
-        self._detach = weakref.finalize(self, attachment.release)
+        local = mini_sequence.attach(self.blocks)  # position-wise children, in chunks
+        self._detach = weakref.finalize(self, _release, attachment, local)
         self._detach.atexit = False
         self._closed = False
         self._running = 0  # steps running now (any thread): close() waits for none
@@ -428,7 +429,7 @@ class Step:
                 self._in_flight, self._planned = ctx, planned
                 ctx.request_budget(self._in_flight_budget())
         params = [p for p in self.model.parameters() if p.requires_grad]
-        state = blocks_mod.Running(plan.recompute)
+        state = blocks_mod.Running(plan.recompute, chunks=plan.chunks)
         storage = self._context(plan.storage)
 
         def run(start: int, stop: int):
@@ -469,8 +470,15 @@ class Step:
                f"({', '.join(names)})" if plan.recompute else "no recomputation")
         split = "" if plan.micro_batches == 1 or not self.ghost_batchnorm else \
             " (ghost batch norm: statistics per micro-batch)"
-        return (f"{plan.micro_batches} micro-batch(es){split}; {rec}; saves {plan.storage}; "
-                f"predicted peak {plan.peak / MiB:.0f} MiB above the floor")
+        chunks = "" if plan.chunks == 1 else \
+            f"; position-wise layers in {plan.chunks} chunks of the sequence"
+        return (f"{plan.micro_batches} micro-batch(es){split}; {rec}{chunks}; saves "
+                f"{plan.storage}; predicted peak {plan.peak / MiB:.0f} MiB above the floor")
+
+
+def _release(*attachments) -> None:
+    for attachment in attachments:
+        attachment.release()
 
 
 def _no_cache(model, batch):
@@ -491,9 +499,13 @@ def _give_back_free(limit: int) -> None:
     """The plan counts on what the allocators hold free being reused, but it is resident:
     where the process is at the limit before the step starts (pages the store kept from an
     evaluation's or the user's own tensors since freed), the store's free pages go back to
-    the system first. (The heap is left as it is: with the allocator installed it holds only
-    small tensors, and a trimmed heap would make its free bytes unknowable.)"""
-    if resident.rss() > limit - SAFETY_BYTES:
+    the system first. So they do where they fill more than half the room above what is live
+    (the optimizer's temporaries, say): a step that fits inside them never raises RSS, so its
+    peak would measure them, not what it needs, and the next plan would be judged by them.
+    (The heap is left as it is: with the allocator installed it holds only small tensors,
+    and a trimmed heap would make its free bytes unknowable.)"""
+    rss = resident.rss()
+    if rss > limit - SAFETY_BYTES or rss - resident.live() > (limit - resident.live()) / 2:
         _release_kept_pages()
 
 

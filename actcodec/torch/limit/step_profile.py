@@ -37,6 +37,7 @@ class Probe:
     def __init__(self, samples: int, recompute=()):
         self.samples = samples
         self.saved: dict = {}  # block index (None: outside all) -> bytes
+        self.local: dict = {}  # block index -> bytes its position-wise children saved
         self.surveys: list = []  # (elements, nonzeros, element size) of float saves
         self.other = 0  # bytes saved that no storage changes
         self.peak = 0
@@ -63,6 +64,8 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
         nbytes = storage.nbytes()
         key = out.state.current
         out.saved[key] = out.saved.get(key, 0) + nbytes
+        if out.state.local is not None:
+            out.local[out.state.local] = out.local.get(out.state.local, 0) + nbytes
         if t.is_floating_point() and nbytes >= MIN_BYTES and t.numel() * t.element_size() == \
                 nbytes:
             out.surveys.append((t.numel(), int(torch.count_nonzero(t)), t.element_size()))
@@ -229,7 +232,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     found = [limit_plan.Block(saved=saved.get(i, 0.0),
                               inputs=per_sample(one.state.inputs.get(i, 0),
                                                 two.state.inputs.get(i, 0)),
-                              forward=two.state.seconds.get(i, 0.0) / n) for i in every]
+                              forward=two.state.seconds.get(i, 0.0) / n,
+                              local=min(saved.get(i, 0.0), per_sample(
+                                  one.local.get(i, 0), two.local.get(i, 0))),
+                              local_inputs=per_sample(one.state.local_inputs.get(i, 0),
+                                                      two.state.local_inputs.get(i, 0)),
+                              local_forward=two.state.local_seconds.get(i, 0.0) / n)
+             for i in every]
     # t(n) = overhead + n * per sample: two sizes give the overhead a micro-batch adds
     per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
         else 0.0
