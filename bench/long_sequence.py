@@ -121,8 +121,9 @@ def worker(name: str, config: str, limit, size: dict, length: int, steps: int, t
             out["times"].append(time.perf_counter() - t0)
             if step is not None:
                 plan = step.plan
-                out["plans"].append(f"{len(plan.recompute)}/{len(step.blocks)} recomputed, "
-                                    f"{plan.storage}")
+                chunks = f", MLPs in {plan.chunks} chunks" if plan.chunks > 1 else ""
+                out["plans"].append(f"{len(plan.recompute)}/{len(step.blocks)} recomputed"
+                                    f"{chunks}, {plan.storage}")
     except Exception as exc:  # recorded as it is: the benchmark reports, it does not fix
         out["error"] = "".join(traceback.format_exception(exc))
     struct.pack_into("q", marker, 0, loop.DONE)
