@@ -285,3 +285,20 @@ def test_planning_keeps_sequences_apart_from_samples_and_plans_them_unsplit():
     assert known.needed(0, split=True) == known.needed(0, split=False)
     # a sample shape larger than the measured is still planned from the sample profile
     assert known.at(("sample", 600.0)).unit == "sample"
+
+
+def test_a_shape_no_plan_has_run_at_keeps_the_guess_whatever_the_calibration():
+    """A new longest batch lays its memory out first fit: a calibration from other shapes
+    (here exact, 1.0) does not lower the caution there."""
+    block = lp.Block(saved=1e6, inputs=1e5, forward=1e-3)
+    profile = lp.Profile(batch=8, fixed=1e6, work=1e5, rest=1e6, blocks=(block,))
+    model = lambda p, r: lp.predict(p, 2, r, lp.PLAIN).peak
+    ran = lp.memory_key(profile, 2, (), "plain")
+    measured = lp.Measured(caution=0.25).learn(ran, model(profile, ()), model(profile, ()))
+    # the same shape, another plan of the calibrated kind: the calibration and its margin
+    assert lp.predict(profile, 2, (0,), lp.PLAIN, measured).peak == pytest.approx(
+        model(profile, (0,)) * 1.10)
+    # a longer sample: no plan has run at that shape, the guess holds
+    longer = dataclasses.replace(profile, units=2.0)
+    assert lp.predict(longer, 2, (0,), lp.PLAIN, measured).peak == pytest.approx(
+        model(longer, (0,)) * 1.25)
