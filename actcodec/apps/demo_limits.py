@@ -153,7 +153,14 @@ def parent(s: dict, out: str) -> int:
         least = int(min(named) * ABOVE_NAMED) + ABOVE_NAMED_BYTES if named else None
         accepted = [r["limit"] for r in results if r.get("limit") and "error" not in r]
         if least is not None and (not accepted or least < min(accepted)):
-            results.append(show(_worker(f"limit={least // MiB}MiB", s, tmp)))
+            r = show(_worker(f"limit={least // MiB}MiB", s, tmp))
+            results.append(r)
+            # a fresh process's first step plans from its probes alone, more cautiously
+            # than the runs that named the limit: where it refuses, once more at what it names
+            if "error" in r and r.get("needed"):
+                again = int(r["needed"] * ABOVE_NAMED) + ABOVE_NAMED_BYTES
+                if not accepted or again < min(accepted):
+                    results.append(show(_worker(f"limit={again // MiB}MiB", s, tmp)))
         results.append(show(_worker(f"limit={TOO_SMALL}", s, tmp)))
         long_settings = {**(demo_long.QUICK if s["quick"] else demo_long.FULL),
                          "threads": s["threads"]}
