@@ -10,7 +10,8 @@ of `tokens` bytes, at a series of limits, each in a fresh process:
 Where one sample is the batch, micro-batches cannot help: Step plans along the sequence (the
 head and the loss in chunks of tokens, recomputed blocks). Each configuration reports every
 step's peak RSS (read by a sampler thread every 5 ms and from the kernel's high-water mark
-at the step's end, the first step's probes included) and the median step time. Skipped, with a message, where transformers is not installed.
+at the step's end, the first step's probes included) and the median step time. Skipped,
+with a message, where transformers is not installed.
 """
 from __future__ import annotations
 
