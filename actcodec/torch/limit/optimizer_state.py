@@ -40,24 +40,3 @@ def pending_bytes(optimizer) -> int:
             if p.requires_grad and not optimizer.state.get(p):
                 total += n * p.numel() * p.element_size()
     return total
-
-
-def step_bytes(optimizer) -> int:
-    """Bytes the optimizer's `step()` allocates for a moment beyond its state: torch's
-    single-tensor Adam and AdamW make two temporaries of a parameter's size for the
-    largest parameter (the denominator's square root, then its scaling), the foreach and
-    fused paths two per parameter at once; an optimizer not known here is counted as Adam.
-    SGD updates in place. 0 for None."""
-    if optimizer is None:
-        return 0
-    largest = total = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad:
-                n = p.numel() * p.element_size()
-                largest, total = max(largest, n), total + n
-    if type(optimizer).__name__ == "SGD":
-        return 0
-    together = any(group.get("foreach") or group.get("fused")
-                   for group in optimizer.param_groups)
-    return 2 * (total if together else largest)

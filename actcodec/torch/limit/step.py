@@ -299,25 +299,18 @@ class Step:
                 _release_kept_pages()
         probes = before.nbytes if "profile" in seconds else 0
         if self.frozen and limit is not None:
-            loss = self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn)
-        else:
-            loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn)
-        if limit is not None:
-            _room_for_the_optimizer(limit, optimizer_state.step_bytes(self.optimizer))
-        return loss
+            return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn)
+        return self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn)
 
     def _loss_fn(self, batch, limit):
         """The loss this step runs: the chunked head and loss for the default loss of a
-        covered causal LM under a limit (see chunk_loss), where the batch's logits take more
-        than one chunk (else chunks would cut nothing), else the Step's loss_fn."""
+        covered causal LM under a limit (see chunk_loss), else the Step's loss_fn."""
         if limit is None or not self.chunk_loss or self.loss_fn is not mb.default_loss or \
                 not isinstance(batch, Mapping) or batch.get("labels") is None or \
                 not causal_lm.covers(self.model):
             return self.loss_fn
         vocab = self.model.get_output_embeddings().out_features
         chunk = chunked_loss.default_chunk_tokens(vocab, STEP_CHUNK_LOGITS_BYTES)
-        if batch["labels"].numel() <= chunk:
-            return self.loss_fn
         return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
 
     def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn):
@@ -513,14 +506,6 @@ def _give_back_free(limit: int) -> None:
     and a trimmed heap would make its free bytes unknowable.)"""
     rss = resident.rss()
     if rss > limit - SAFETY_BYTES or rss - resident.live() > (limit - resident.live()) / 2:
-        _release_kept_pages()
-
-
-def _room_for_the_optimizer(limit: int, transient: int) -> None:
-    """After the step, the optimizer's: the gradients stay, and its temporaries come on top
-    of what the process holds then. Where the store's pages kept from the step (for the next
-    one to reuse) would put that over the limit, they go back to the system now."""
-    if resident.rss() + transient > limit - SAFETY_BYTES:
         _release_kept_pages()
 
 
