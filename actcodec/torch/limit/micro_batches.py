@@ -57,15 +57,21 @@ def take(batch, size: int, start: int, stop: int):
             return v[start:stop]
         return v
 
+    return each_value(batch, cut)
+
+
+def each_value(batch, fn):
+    """The batch with `fn` applied to each of its values (the batch itself where it is one
+    tensor), in the batch's own kind of container."""
     if isinstance(batch, torch.Tensor):
-        return cut(batch)
+        return fn(batch)
     if isinstance(batch, Mapping):
-        return {k: cut(v) for k, v in batch.items()}
+        return {k: fn(v) for k, v in batch.items()}
     if isinstance(batch, list):
-        return [cut(v) for v in batch]
+        return [fn(v) for v in batch]
     if hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(cut(v) for v in batch))
-    return tuple(cut(v) for v in batch)
+        return type(batch)(*(fn(v) for v in batch))
+    return tuple(fn(v) for v in batch)
 
 
 def default_loss(model, batch):

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 import torch
 
+from .micro_batches import each_value
+
 
 def units_per_sample(batch, size: int) -> float:
     """Elements per sample over the batch's tensors that have the batch dimension (token ids,
@@ -49,17 +51,7 @@ def first_tokens(batch, length: int, n: int):
             return v[:, :n]
         return v
 
-    if isinstance(batch, torch.Tensor):
-        return cut(batch)
-    if isinstance(batch, Mapping):
-        return {k: cut(v) for k, v in batch.items()}
-    if isinstance(batch, list):
-        return [cut(v) for v in batch]
-    if hasattr(batch, "_fields"):
-        return type(batch)(*(cut(v) for v in batch))
-    if isinstance(batch, tuple):
-        return tuple(cut(v) for v in batch)
-    return batch
+    return each_value(batch, cut)
 
 
 def _tensors(batch) -> list:
