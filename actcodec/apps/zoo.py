@@ -113,7 +113,8 @@ def build(spec: str, sizes: dict | None = None):
 
 def enable_checkpointing(model) -> None:
     """Non-reentrant activation checkpointing as a user would turn it on: transformers' switch
-    where the model has one, else torch.utils.checkpoint around each repeated block."""
+    where the model has one, else torch's composable checkpoint on each repeated block (its
+    hooks, not a replaced forward)."""
     if getattr(model, "supports_gradient_checkpointing", False):
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):
@@ -121,7 +122,7 @@ def enable_checkpointing(model) -> None:
         else:  # before transformers 5
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return
-    from torch.utils.checkpoint import checkpoint
+    from torch.distributed._composable import checkpoint  # non-reentrant, as module hooks
 
     blocks = getattr(getattr(getattr(model, "resnet", None), "encoder", None), "stages", None)
     if blocks is None:
@@ -129,5 +130,4 @@ def enable_checkpointing(model) -> None:
     if blocks is None:
         raise SystemExit("checkpoint: this model has no blocks this command knows to wrap")
     for block in blocks:
-        plain = block.forward
-        block.forward = lambda x, plain=plain: checkpoint(plain, x, use_reentrant=False)
+        checkpoint(block)
