@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
+from . import micro_batches
 from .micro_batches import each_value
 
 
@@ -55,10 +56,7 @@ def first_tokens(batch, length: int, n: int):
 
 
 def _tensors(batch) -> list:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [v for v in batch.values() if isinstance(v, torch.Tensor)]
-    if isinstance(batch, (tuple, list)):
-        return [v for v in batch if isinstance(v, torch.Tensor)]
-    return []
+    try:
+        return micro_batches._tensors(batch)
+    except TypeError:  # not a batch micro-batches can cut: nothing to measure in it
+        return []
