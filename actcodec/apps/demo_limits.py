@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-from . import demo_long, demo_text
+from . import demo_long, demo_text, limits_worker
 
 MiB = 2**20
 FULL = {"width": 384, "batch_size": 16, "size": 512, "layers": 6, "steps": 10}
@@ -101,25 +98,13 @@ def run(config: str, s: dict, data: str) -> dict:
               f"{peaks[-1] / MiB:.0f} MiB, {times[-1]:.1f} s", flush=True)
     with torch.no_grad():
         test = float(loss_fn(model, (x_test[:s["batch_size"]], y_test[:s["batch_size"]])))
-    return {"config": config, "limit": None if step is None else step.limit,
-            "step_peaks": peaks, "peak": max(peaks), "losses": losses, "test_loss": test,
-            "step_s": statistics.median(times[1:] or times),
-            "plan": None if step is None else step.describe(),
-            "smallest": None if step is None else step.smallest_limit(),
-            "within": None if step is None else all(p <= step.limit for p in peaks)}
+    return {**limits_worker.summary(config, step, peaks, times, losses), "test_loss": test}
 
 
 # ---- the parent ----
 
 def _worker(config: str, s: dict, tmp: str) -> dict:
-    path = os.path.join(tmp, "result.json")
-    cmd = [sys.executable, "-m", "actcodec", "demo", "--task", "limits", "--worker", config,
-           "--result", path, "--data", os.path.join(tmp, "text.npz"),
-           "--settings", json.dumps(s)]
-    if subprocess.run(cmd).returncode != 0:
-        raise SystemExit(f"the {config} worker failed: {' '.join(cmd)}")
-    with open(path) as f:
-        return json.load(f)
+    return limits_worker.run(config, s, tmp, data=os.path.join(tmp, "text.npz"))
 
 
 def parent(s: dict, out: str) -> int:

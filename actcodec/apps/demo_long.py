@@ -15,12 +15,9 @@ with a message, where transformers is not installed.
 """
 from __future__ import annotations
 
-import json
-import os
-import statistics
-import subprocess
-import sys
 import time
+
+from . import limits_worker
 
 MiB = 2**20
 FULL = {"tokens": 1024, "width": 256, "layers": 4, "vocab": 32000, "steps": 6}
@@ -106,22 +103,12 @@ def run(config: str, s: dict) -> dict:
         print(f"    long {config} step {i + 1}/{s['steps']}: loss {losses[-1]:.3f}, peak "
               f"{peaks[-1] / MiB:.0f} MiB, {times[-1]:.1f} s", flush=True)
     sampler.stop.set()
-    return {"config": config, "limit": None if step is None else step.limit, "floor": floor,
-            "step_peaks": peaks, "peak": max(peaks), "losses": losses, "times": times,
-            "step_s": statistics.median(times[1:] or times),
-            "plan": None if step is None else step.describe(),
-            "smallest": None if step is None else step.smallest_limit(),
-            "within": None if step is None else all(p <= step.limit for p in peaks)}
+    return {**limits_worker.summary(config, step, peaks, times, losses), "floor": floor,
+            "times": times}
 
 
 def _worker(config: str, s: dict, tmp: str) -> dict:
-    path = os.path.join(tmp, "long.json")
-    cmd = [sys.executable, "-m", "actcodec", "demo", "--task", "limits", "--worker",
-           f"long:{config}", "--result", path, "--settings", json.dumps(s)]
-    if subprocess.run(cmd).returncode != 0:
-        raise SystemExit(f"the long-sample {config} worker failed: {' '.join(cmd)}")
-    with open(path) as f:
-        return json.load(f)
+    return limits_worker.run(f"long:{config}", s, tmp)
 
 
 def parent(s: dict, tmp: str) -> list:
