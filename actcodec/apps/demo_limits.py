@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 
-from . import demo_long, demo_text, limits_worker
+from . import demo_long, demo_text, limits_process
 
 MiB = 2**20
 FULL = {"width": 384, "batch_size": 16, "size": 512, "layers": 6, "steps": 10}
@@ -98,13 +98,13 @@ def run(config: str, s: dict, data: str) -> dict:
               f"{peaks[-1] / MiB:.0f} MiB, {times[-1]:.1f} s", flush=True)
     with torch.no_grad():
         test = float(loss_fn(model, (x_test[:s["batch_size"]], y_test[:s["batch_size"]])))
-    return {**limits_worker.summary(config, step, peaks, times, losses), "test_loss": test}
+    return {**limits_process.summary(config, step, peaks, times, losses), "test_loss": test}
 
 
 # ---- the parent ----
 
 def _worker(config: str, s: dict, tmp: str) -> dict:
-    return limits_worker.run(config, s, tmp, data=os.path.join(tmp, "text.npz"))
+    return limits_process.run(config, s, tmp, data=os.path.join(tmp, "text.npz"))
 
 
 def parent(s: dict, out: str) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from . import limits_worker
+from . import limits_process
 
 MiB = 2**20
 FULL = {"tokens": 1024, "width": 256, "layers": 4, "vocab": 32000, "steps": 6}
@@ -103,12 +103,12 @@ def run(config: str, s: dict) -> dict:
         print(f"    long {config} step {i + 1}/{s['steps']}: loss {losses[-1]:.3f}, peak "
               f"{peaks[-1] / MiB:.0f} MiB, {times[-1]:.1f} s", flush=True)
     sampler.stop.set()
-    return {**limits_worker.summary(config, step, peaks, times, losses), "floor": floor,
+    return {**limits_process.summary(config, step, peaks, times, losses), "floor": floor,
             "times": times}
 
 
 def _worker(config: str, s: dict, tmp: str) -> dict:
-    return limits_worker.run(f"long:{config}", s, tmp)
+    return limits_process.run(f"long:{config}", s, tmp)
 
 
 def parent(s: dict, tmp: str) -> list:
