@@ -72,4 +72,4 @@ class Guard:
         if noise1 is None:
             return
         self._noise[site] = planner.at_bits(noise1, bits)
-        probe.watch(packed, site, op)
+        probe.watch(packed, site, op, bits, group)

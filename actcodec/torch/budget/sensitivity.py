@@ -76,7 +76,7 @@ class Probe:
         self.seed = seed
         self.gains: dict = {}
         self.peaks: dict = {}
-        self._watched: dict = {}  # id(packed) -> (site key, op)
+        self._watched: dict = {}  # id(packed) -> (site key, op, (bits, group) of its noise)
         self._hooked = self._done = False
         # Nodes by the key the walk writes in their metadata, saves by weak reference: a
         # backward that raises leaves nothing of its graph held here (the engine's callback at
@@ -93,9 +93,12 @@ class Probe:
         self._noise = 0.0  # the last perturbation's relative noise energy
         self._restored: dict = {}  # id(packed) -> decoded, while one node is measured
 
-    def watch(self, packed, site, op: str) -> None:
-        """Measure `packed`'s gain as `site`'s when backward reads it."""
-        self._watched[id(packed)] = (site, op)
+    def watch(self, packed, site, op: str, bits: int = PROBE_BITS, group: int = GROUP) -> None:
+        """Measure `packed`'s gain as `site`'s when backward reads it, with noise of `bits`
+        in groups of `group` (the guard gives a save's own setting: an op that compares its
+        save with constants, such as clamp's bounds, is not linear in the noise, and its
+        error at 8 bits is many times what 4 bits' would predict)."""
+        self._watched[id(packed)] = (site, op, (bits, group))
         packed.probe = self
         weakref.finalize(packed, self._watched.pop, id(packed), None)
 
@@ -199,7 +202,7 @@ class Probe:
         clean = self._again(node, grads, None)
         if clean is not None:
             for packed in unique:
-                site = self._watched.get(id(packed), (None, None))[0]
+                site = self._watched.get(id(packed), (None,))[0]
                 moved, noise = self._again(node, grads, packed), self._noise
                 if moved is None or noise <= 0 or site is None:
                     continue
@@ -229,8 +232,10 @@ class Probe:
             return t
         site_op = self._watched.get(id(packed))
         self._draws += 1
+        bits, group = site_op[2] if site_op is not None else (PROBE_BITS, GROUP)
         moved, self._noise = perturbed(t, self.seed * 2**20 + self._draws,
-                                       site_op is not None and site_op[1] in SIGN_READ)
+                                       site_op is not None and site_op[1] in SIGN_READ,
+                                       bits, group)
         return moved
 
     def result(self) -> dict:
@@ -238,21 +243,22 @@ class Probe:
         return {site: (gain, self.peaks[site]) for site, gain in self.gains.items()}
 
 
-def perturbed(t: torch.Tensor, seed: int, keep_signs: bool) -> tuple[torch.Tensor, float]:
-    """(t plus noise shaped as quantization noise at PROBE_BITS in groups of GROUP elements,
+def perturbed(t: torch.Tensor, seed: int, keep_signs: bool, bits: int = PROBE_BITS,
+              group: int = GROUP) -> tuple[torch.Tensor, float]:
+    """(t plus noise shaped as quantization noise at `bits` in groups of `group` elements,
     the noise's energy relative to t's). keep_signs: zeros stay zero and positives positive
     (what a ReLU output's codec keeps)."""
     flat = t.detach().reshape(-1).float()
     energy = squared_norm(flat)
-    whole = flat.numel() // GROUP * GROUP
+    whole = flat.numel() // group * group
     if whole == 0 or energy == 0 or not math.isfinite(energy):
         return t, 0.0
-    lo, hi = torch.aminmax(flat[:whole].view(-1, GROUP), dim=1)
-    step = (hi - lo) / float((1 << PROBE_BITS) - 1)
+    lo, hi = torch.aminmax(flat[:whole].view(-1, group), dim=1)
+    step = (hi - lo) / float((1 << bits) - 1)
     gen = torch.Generator(device=flat.device).manual_seed(seed % 2**63)
     u = torch.rand(whole, generator=gen, device=flat.device) - 0.5
     moved = flat.clone()
-    moved[:whole] += (u.view(-1, GROUP) * step[:, None]).reshape(-1)
+    moved[:whole] += (u.view(-1, group) * step[:, None]).reshape(-1)
     if keep_signs:
         tiny = torch.finfo(torch.float32).tiny
         moved = torch.where(flat > 0, moved.clamp_min(tiny), flat)

@@ -35,7 +35,8 @@ import torch
 from ... import encoder, quant
 
 OP_KINDS = ("input", "linear", "conv", "relu", "gelu", "silu", "batch_norm", "layer_norm",
-            "group_norm", "max_pool", "avg_pool", "dropout", "softmax", "matmul", "other")
+            "group_norm", "max_pool", "avg_pool", "dropout", "softmax", "matmul", "clamp",
+            "other")
 SENSITIVE = ("batch_norm", "layer_norm", "group_norm", "softmax")
 EXACT = ("input",)
 SIGN_READ = ("relu",)

@@ -22,6 +22,7 @@ import torch
 from ... import _options
 from ... import store as stores
 from ..budget import sensitivity
+from . import boundary
 from .accounting import Row
 from ..codecs.packed import Packed, keep, pack, store_alloc
 from .policy import Policy, Setting
@@ -153,10 +154,11 @@ class SaveSession:
         site = None
         pol = policy if policy is not None else self.policy
         exact = setting.bits is None and op in getattr(pol, "exact", ())
-        if budget is not None and setting.codec != "keep" and not exact:
+        fixed = setting.codec in ("keep", "mask")  # nothing a plan or the guard would change
+        if budget is not None and not fixed and not exact:
             setting, site = budget.setting_for(op, layer, t, setting)  # (exact: never lossy)
         elif budget is None and self.guard is not None and setting.bits is not None and \
-                setting.codec != "keep":
+                not fixed:
             setting, site = self.guard.setting_for(op, layer, t, setting)
         t0 = time.perf_counter()
         packed = pack(t, setting, self.store, keep_dense=budget is None,
@@ -245,6 +247,11 @@ class SaveSession:
         nbytes = t.numel() * t.element_size()
         if nbytes < self.policy.min_bytes:  # what policy.setting would say, without lookups
             return self._keep(t)
+        edges = boundary.bounds(self.modules[-1]) if self.modules else None
+        if edges is not None:  # never shared: another op saving t reads its values
+            packed = self._save_comparison(t, edges)
+            if packed is not None:
+                return packed
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                tuple(t.stride()), t._version, t.device)
         hit = self._seen.get(key)
@@ -261,6 +268,21 @@ class SaveSession:
             return self._keep(t, packed, counted=True)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
         return packed
+
+    def _save_comparison(self, t: torch.Tensor, edges) -> Packed | None:
+        """A save read only as lo < t < hi, stored as that comparison (actcodec.torch.save.
+        boundary), or None where the policy keeps it as it is or the dtype cannot."""
+        module = self.modules[-1]
+        layer = self.names.get(id(module), type(module).__name__)
+        setting = self.setting(self.policy, "clamp", layer, t.numel() * t.element_size())
+        if setting.codec == "keep":
+            return None
+        compared = boundary.as_comparison(t.detach(), *edges)
+        if compared is None:
+            return None
+        packed = self.save(compared, "clamp", layer,
+                           setting=Setting(codec="mask", bits=None, threads=setting.threads))
+        return self._keep(compared, packed, counted=True) if packed.is_kept else packed
 
     @staticmethod
     def unpack_hook(packed):
@@ -283,6 +305,8 @@ class SaveSession:
         producer = type(t.grad_fn).__name__ if t.grad_fn is not None else ""
         if "Softmax" in producer:
             return "softmax", layer
+        if boundary.bounds(module) is not None:
+            return "clamp", layer
         if module is not None and type(module).__name__ in MODULE_OPS:
             return MODULE_OPS[type(module).__name__], layer
         if producer.startswith("Relu"):  # a functional relu's output
