@@ -40,3 +40,30 @@ def pending_bytes(optimizer) -> int:
             if p.requires_grad and not optimizer.state.get(p):
                 total += n * p.numel() * p.element_size()
     return total
+
+
+def step_bytes(optimizer) -> int:
+    """Bytes above the floor the optimizer's `step()` needs right after a training step: the
+    gradients of the parameters it updates (all there by then) and its temporaries (see
+    step_parts). 0 for None: without the optimizer Step cannot see its step."""
+    return sum(step_parts(optimizer))
+
+
+def step_parts(optimizer) -> tuple[int, int]:
+    """(gradients not made yet, temporaries) of the optimizer's `step()`, in bytes (a
+    gradient that exists is in the floor already). A single-tensor update
+    (torch.optim's default on the CPU) makes two of one parameter's size at a time (Adam's
+    denominator: a square root, then its quotient), a foreach update one per parameter of a
+    group at once, a fused one none; SGD without momentum none."""
+    if optimizer is None:
+        return 0, 0
+    pending_bytes(optimizer)  # the type check
+    grads, temporaries = 0, 0
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.requires_grad]
+        sizes = [p.numel() * p.element_size() for p in params]
+        grads += sum(s for p, s in zip(params, sizes) if p.grad is None)  # the rest: floor
+        if not sizes or tensors_per_parameter(optimizer, group) == 0 or group.get("fused"):
+            continue
+        temporaries = max(temporaries, sum(sizes) if group.get("foreach") else 2 * max(sizes))
+    return grads, temporaries

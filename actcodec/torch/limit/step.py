@@ -300,7 +300,10 @@ class Step:
         probes = before.nbytes if "profile" in seconds else 0
         if self.frozen and limit is not None:
             return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn)
-        return self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn)
+        loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn)
+        if limit is not None:
+            _room_for_the_optimizer(self.optimizer, limit)
+        return loss
 
     def _loss_fn(self, batch, limit):
         """The loss this step runs: the chunked head and loss for the default loss of a
@@ -360,8 +363,12 @@ class Step:
             self.plan = limit_plan.Plan()
             return self.plan
         plan = self._planning.plan(size, key, self._split(), limit - floor, self.plan)
+        after = optimizer_state.step_bytes(self.optimizer)
+        if plan is not None and planning.available(limit - floor) < after:
+            plan = None  # the step would fit, the optimizer's step after it would not
         if plan is None:
             needed = self._planning.needed(floor)
+            stepping = planning.limit_for(after, floor)
             state = optimizer_state.pending_bytes(self.optimizer)
             held = (f"the process holds {(floor - state) / MiB:.0f} MiB before the step and "
                     f"the optimizer's first step will add {state / MiB:.0f} MiB" if state else
@@ -369,10 +376,13 @@ class Step:
             hint = "" if self.optimizer is not None else (
                 " (pass optimizer= to Step so that the first step plans for the state the "
                 "optimizer creates)")
+            what = (f"the smallest plan for a batch of {size} needs about "
+                    f"{-(-needed // MiB)} MiB in all" if needed >= stepping else
+                    f"the optimizer's step after it needs about {-(-stepping // MiB)} MiB in "
+                    f"all (the gradients and its temporaries)")
             raise MemoryLimitError(
-                f"no plan fits a limit of {limit / MiB:.1f} MiB: {held}, and the smallest plan "
-                f"for a batch of {size} needs about {-(-needed // MiB)} MiB in all; nothing was "
-                f"added to .grad{hint}", needed)
+                f"no plan fits a limit of {limit / MiB:.1f} MiB: {held}, and {what}; nothing "
+                f"was added to .grad{hint}", max(needed, stepping))
         self.plan = plan
         return plan
 
@@ -396,7 +406,11 @@ class Step:
         optimizer's state included, once it exists) and what the steps so far measured; None
         before the first step under a limit has profiled the model."""
         # planned for the model's training mode now (batch norm training: one micro-batch)
-        return self._planning.needed(self._floor(), split=self._split())
+        floor = self._floor()
+        needed = self._planning.needed(floor, split=self._split())
+        if needed is None:
+            return None
+        return max(needed, planning.limit_for(optimizer_state.step_bytes(self.optimizer), floor))
 
     def _loss(self, micro_batch, loss_fn):
         return mb.loss_and_weight(loss_fn(self.model, micro_batch))
@@ -506,6 +520,14 @@ def _give_back_free(limit: int) -> None:
     and a trimmed heap would make its free bytes unknowable.)"""
     rss = resident.rss()
     if rss > limit - SAFETY_BYTES or rss - resident.live() > (limit - resident.live()) / 2:
+        _release_kept_pages()
+
+
+def _room_for_the_optimizer(optimizer, limit: int) -> None:
+    """The store keeps the step's free pages for the next; where the optimizer's
+    temporaries would take the process over the limit on top of them, they go back now."""
+    temporaries = optimizer_state.step_parts(optimizer)[1]
+    if temporaries and resident.rss() + temporaries > limit - SAFETY_BYTES:
         _release_kept_pages()
 
 
