@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from actcodec.apps.zoo import enable_checkpointing, gpt2, resnet  # noqa: F401
 
-MODELS = ("gpt2", "resnet", "narrow_resnet", "vit", "bert")
+MODELS = ("gpt2", "resnet", "narrow_resnet", "vit", "bert", "mobilenet_v2", "convnext",
+          "levit", "llama")
 SIZES = {"gpt2": {"batch": 4, "seq": 256}, "resnet": {"batch": 32, "size": 128},
          "narrow_resnet": {"batch": 8, "size": 64},
-         "vit": {"batch": 16, "size": 64}, "bert": {"batch": 8, "seq": 128}}
+         "vit": {"batch": 16, "size": 64}, "bert": {"batch": 8, "seq": 128},
+         "mobilenet_v2": {"batch": 8, "size": 96}, "convnext": {"batch": 8, "size": 64},
+         "levit": {"batch": 8, "size": 64}, "llama": {"batch": 4, "seq": 256}}
 
 
 def narrow_resnet(batch: int, size: int):
@@ -59,11 +62,77 @@ def bert(batch: int, seq: int):
     return model, lambda m: m(input_ids=ids, labels=ids).loss
 
 
+def _images(model, batch: int, size: int, labels: int = 10):
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    y = torch.randint(0, labels, (batch,), generator=gen)
+    return model, lambda m: m(pixel_values=x, labels=y).loss
+
+
+def mobilenet_v2(batch: int, size: int):
+    """transformers' MobileNetV2ForImageClassification from a config, width 0.5: ReLU6 (a
+    clamp: backward compares its input with 0 and 6), depthwise convolutions, no dropout."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return _images(tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config(
+        image_size=size, depth_multiplier=0.5, num_labels=10, classifier_dropout_prob=0.0)),
+        batch, size)
+
+
+def convnext(batch: int, size: int):
+    """transformers' ConvNextForImageClassification from a config: depthwise 7x7, LayerNorm,
+    GELU, layer scale (at 1, not its 1e-6 initialisation, which leaves the blocks' own
+    gradients a millionth of the rest); widths 32 to 256."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return _images(tf.ConvNextForImageClassification(tf.ConvNextConfig(
+        hidden_sizes=[32, 64, 128, 256], depths=[2, 2, 2, 2], num_labels=10,
+        layer_scale_init_value=1.0)), batch, size)
+
+
+def levit(batch: int, size: int):
+    """transformers' LevitForImageClassification from a config: convolutions, attention and
+    Hardswish (whose backward reads its input's position against -3 and 3), widths 64-192."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return _images(tf.LevitForImageClassification(tf.LevitConfig(
+        image_size=size, hidden_sizes=[64, 128, 192], num_attention_heads=[2, 4, 6],
+        depths=[2, 2, 2], key_dim=[16, 16, 16], num_labels=10)), batch, size)
+
+
+def llama(batch: int, seq: int):
+    """transformers' LlamaForCausalLM from a config: 4 layers of 256, RMSNorm, SwiGLU,
+    rotary positions, an untied head over 8192 tokens."""
+    import torch
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=8192, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=seq,
+        tie_word_embeddings=False))
+    ids = torch.randint(0, 8192, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, lambda m: m(input_ids=ids, labels=ids).loss
+
+
 def build(name: str, **sizes):
     if name not in MODELS:
         raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     return {"gpt2": gpt2, "resnet": resnet, "narrow_resnet": narrow_resnet, "vit": vit,
-            "bert": bert}[name](
+            "bert": bert, "mobilenet_v2": mobilenet_v2, "convnext": convnext,
+            "levit": levit, "llama": llama}[name](
         **{**SIZES[name], **sizes})
 
 
