@@ -23,7 +23,9 @@ not read):
 Every step's peak against the limit; step time as the median of the steps after the first,
 over plain's; the first step's time (probes included) over plain's median; and, for the
 smallest limit, the peak it measured above the floor over the limit's room above it (the
-model is not too cautious where this is near 1).
+model is not too cautious where this is near 1) and the first step's gradient there against
+plain PyTorch's (cosine of the whole vector and of the worst parameter, in another fresh
+process).
 
 Output: a markdown table (printed, and written to OUT/long_sequence.md, default docs/limits)
 and the raw numbers beside it (OUT/long_sequence.json); --quick writes nothing unless --out
@@ -130,6 +132,43 @@ def worker(name: str, config: str, limit, size: dict, length: int, steps: int, t
     return out
 
 
+def cosine_worker(name: str, limit: int, size: dict, length: int, threads: int) -> float:
+    """The first window's gradient under `act.Step` at `limit` against plain PyTorch's, as
+    the cosine of the whole gradient vector and the worst parameter's (printed as JSON). Step
+    runs first, in a process as fresh as the benchmark's, so the limit means the same."""
+    import torch
+
+    import actcodec.torch as act
+
+    torch.set_num_threads(threads)
+    text = torch.frombuffer(bytearray(text_bytes()), dtype=torch.uint8).long()
+    model = build_model(name, size, length).train()
+    ids = text[:length][None]
+    act.Step(model, limit=limit, exact=True)({"input_ids": ids, "labels": ids})
+    got = {n: p.grad.double() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids).loss.backward()
+
+    def cos(a, b):
+        return float(a.flatten() @ b.flatten() / (a.norm() * b.norm()))
+    exact = {n: p.grad.double() for n, p in model.named_parameters()}
+    whole = cos(torch.cat([g.flatten() for g in got.values()]),
+                torch.cat([exact[n].flatten() for n in got]))
+    total = float(torch.cat([g.flatten() for g in exact.values()]).norm())
+    worst = min(cos(got[n], exact[n]) for n in got if float(exact[n].norm()) > 1e-6 * total)
+    print(json.dumps({"whole": whole, "worst": worst}))
+
+
+def cosine(name: str, limit: int, size: dict, length: int, threads: int) -> dict:
+    import subprocess
+    call = (f"import long_sequence; long_sequence.cosine_worker({name!r}, {limit}, {size!r}, "
+            f"{length}, {threads})")
+    r = subprocess.run([sys.executable, "-c", call], cwd=HERE, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": r.stderr[-1500:]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run(name, config, limit, size, length, steps, threads, timeout=900) -> dict:
     call = (f"long_sequence.worker({name!r}, {config!r}, {limit!r}, {size!r}, {length}, "
             f"{steps}, {threads}, {{marker}})")
@@ -184,6 +223,7 @@ def run_case(name: str, length: int, size: dict, steps: int, threads: int) -> di
         r = best[1]
         r["room_used"] = (r["peak_mib"] - r["floor_mib"]) / (r["limit_mib"] - r["floor_mib"])
         r["tried_mib"] = tried
+        r["cosine"] = cosine(name, best[0], size, length, threads)
         rows["smallest"] = r
     for config, r in rows.items():
         print(f"  {config:10} limit {r['limit_mib'] or 0:7.0f} peak {r['peak_mib']:7.0f} "
@@ -204,6 +244,9 @@ def table(cases: list) -> str:
             over = "" if r["over"] is None else str(r["over"])
             if "room_used" in r:
                 config += f" (uses {r['room_used']:.0%} of its room)"
+            if "whole" in r.get("cosine", {}):
+                config += (f"; gradient cosine {r['cosine']['whole']:.6f}, worst parameter "
+                           f"{r['cosine']['worst']:.6f}")
             lines.append(f"| {NAMES[case['model']]} | 1 x {case['length']} | {config} | "
                          f"{limit} | {peaks} | {over} | {time_x} | {first} | "
                          f"{'; '.join(r['plans']) or ('error' if r['error'] else '')} |")
