@@ -524,11 +524,14 @@ def _give_back_free(limit: int) -> None:
 
 
 def _room_for_the_optimizer(optimizer, limit: int) -> None:
-    """The store keeps the step's free pages for the next; where the optimizer's
-    temporaries would take the process over the limit on top of them, they go back now."""
+    """The store keeps the step's free pages for the next, the heap its free chunks; where
+    the optimizer's temporaries would take the process over the limit on top of them, they
+    go back now (the store's first, the heap's if that is not enough)."""
     temporaries = optimizer_state.step_parts(optimizer)[1]
     if temporaries and resident.rss() + temporaries > limit - SAFETY_BYTES:
         _release_kept_pages()
+        if resident.rss() + temporaries > limit - SAFETY_BYTES:
+            resident.trim_heap()
 
 
 def _release_kept_pages() -> None:
