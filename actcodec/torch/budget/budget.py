@@ -156,7 +156,6 @@ class Budget:
         else:
             site.gain, site.peak = (float(g) for g in gain)
         site.min_bits = max(planner.min_bits(op), self.min_bits)
-        site.widest = planner.widest(op)
 
     def setting_for(self, op: str, layer, t: torch.Tensor, setting):
         """(the setting this save gets, its site key): the plan's choice where it has one."""

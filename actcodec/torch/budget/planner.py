@@ -33,8 +33,6 @@ MIN_BITS = 2  # what making room re-encodes down to before it pages out
 # held-out loss, at 4 bits +0.24%, at 8 bits (where the 2-bit preset keeps them) +0.00%. Batch
 # norm inputs, which the 2-bit preset stores at 2 bits, keep 4.
 FLOORS = {"layer_norm": 8, "group_norm": 8, "softmax": 8, "batch_norm": 4}
-# The widest group a save of these kinds is quantized in (others: any of GROUPS).
-WIDEST = {}
 # Of the budget, times the share of saved elements whose payload size follows the data (sparse
 # saves, bitmap-based codecs), what the plan leaves unspent; dense quantized saves' sizes are
 # exact, and a plan that left room for them held 3% fewer bytes than uniform bits did.
@@ -58,7 +56,6 @@ class Site:
     esize: int
     noise1: dict
     min_bits: int = MIN_BITS
-    widest: int = GROUPS[-1]  # the widest group it may be quantized in
     codec: str | None = None
     gain: float = 1.0
     peak: float | None = None  # the part of gain the most affected parameter gets
@@ -89,8 +86,7 @@ class Site:
         """The choices worth taking, fewest bytes first: the lower convex hull of (bytes,
         error), so each step up removes less error per byte than the one before."""
         points = sorted(((self.nbytes(c), self.error(c), i) for i, c in enumerate(CHOICES)
-                         if c is None or (c[1] in self.noise1 and c[0] >= self.min_bits
-                                          and c[1] <= self.widest)))
+                         if c is None or (c[1] in self.noise1 and c[0] >= self.min_bits)))
         hull: list = []
         for b, e, i in points:
             if hull and e >= hull[-1][1] and CHOICES[i] is not None:
@@ -174,11 +170,6 @@ def data_dependent_share(sites: dict) -> float:
 def min_bits(op: str) -> int:
     """The fewest bits a save by `op` may take."""
     return FLOORS.get(op, MIN_BITS)
-
-
-def widest(op: str) -> int:
-    """The widest group a save by `op` may be quantized in."""
-    return WIDEST.get(op, GROUPS[-1])
 
 
 def with_choice(setting, c):
