@@ -292,7 +292,8 @@ def test_preset_gradient_quality(preset, name):
     whole, worst = cosines(ref, named_grads(model, x, y, ctx))
     lo_whole, lo_worst = BOUNDS[preset][name]
     assert whole >= lo_whole and worst >= lo_worst, (whole, worst)
-    assert ctx.stats.ratio > {"8bit": 3.5, "4bit": 5, "2bit": 8}[preset]
+    # 2 bits: attention's saves keep 8 (what training needs), so a ViT saves 6.4x, not 8x
+    assert ctx.stats.ratio > {"8bit": 3.5, "4bit": 5, "2bit": 6}[preset]
 
 
 def test_2bit_resnet18_saves_ten_times_less():

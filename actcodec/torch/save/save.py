@@ -313,6 +313,10 @@ class SaveSession:
             return "relu", layer
         if t.grad_fn is None:
             return "input", layer
+        if module is not None and type(module).__name__.endswith("Attention"):
+            # inside an attention module, outside its projections (modules of their own):
+            # the queries, keys, values and output attention's backward reads
+            return "attention", layer
         return "other", layer
 
     def _keep(self, t: torch.Tensor, packed: Packed | None = None,
