@@ -32,40 +32,40 @@ def test_gradients_and_temporaries_by_kind(make, temporaries):
     assert optimizer_state.step_parts(None) == (0, 0)
 
 
-class _Lookup(nn.Module):
-    """A large table and a small head: the training step's activations are a few KiB, the
-    optimizer's step is three times the table."""
-
-    def __init__(self):
-        super().__init__()
-        self.table = nn.Embedding(1 << 17, 128)  # 64 MiB
-        self.head = nn.Linear(128, 8)
-
-    def forward(self, x):
-        return self.head(self.table(x))
+def _wide():
+    """One wide layer: the training step holds its weight's gradient (128 MiB) and a few KiB
+    of activations; the optimizer's step (single-tensor AdamW) its gradient and two
+    temporaries of its size on top of the state."""
+    return nn.Sequential(nn.Linear(4096, 8192, bias=False), nn.Linear(8192, 4))
 
 
 def _loss(model, batch):
     return model(batch).square().mean()
 
 
-def test_a_limit_the_optimizer_step_would_cross_is_refused_at_the_first_step():
+def test_a_limit_the_optimizer_step_would_cross_is_refused():
+    """A limit the training step meets (by what the step measured) but the optimizer's step
+    would not: refused before the step, naming the optimizer and the limit that holds."""
     torch.manual_seed(0)
-    model = _Lookup()
+    model = _wide()
     opt = torch.optim.AdamW(model.parameters())
-    batch = torch.randint(0, 1 << 17, (8,))
-    state = optimizer_state.pending_bytes(opt)  # AdamW's moments, made at its first step
+    batch = torch.randn(8, 4096)
+    step = act.Step(model, limit=resident.rss() + (4 << 30), loss_fn=_loss, optimizer=opt)
+    step(batch)
+    opt.step()  # the state exists from here: in the floor
+    opt.zero_grad(set_to_none=True)
     grads, temporaries = optimizer_state.step_parts(opt)
-    assert temporaries >= 2 * 64 * MiB
-    tight = resident.rss() + state + 100 * MiB  # the step fits; the optimizer's does not
-    step = act.Step(model, limit=tight, loss_fn=_loss, optimizer=opt)
+    assert temporaries >= 2 * 128 * MiB
+    floor = step_profile.floor()
+    training = step._planning.needed(floor)  # what the measured step alone asks for
+    tight = training + 32 * MiB
+    assert tight < floor + grads + temporaries, (tight - floor) / MiB
+    step.limit = tight
     with pytest.raises(act.MemoryLimitError, match="optimizer's step") as err:
         step(batch)
-    floor = step_profile.floor() + state
     assert err.value.needed >= floor + grads + temporaries
     assert all(p.grad is None for p in model.parameters())
-    roomy = resident.rss() + state + grads + temporaries + 120 * MiB
-    step = act.Step(model, limit=roomy, loss_fn=_loss, optimizer=opt)
+    assert step.smallest_limit() >= floor + grads + temporaries
+    step.limit = err.value.needed + 64 * MiB
     step(batch)
     opt.step()
-    assert step.smallest_limit() >= step_profile.floor() + temporaries  # gradients: in the floor

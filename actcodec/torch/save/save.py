@@ -262,7 +262,7 @@ class SaveSession:
                 self.stats.deduplicated += 1
                 packed.uses += 1
                 return packed
-        op, layer = self._where(t)
+        op, layer = self._where(t, clamp=edges is not None)
         packed = self.save(t, op, layer)
         if packed.is_kept:  # counted as kept by save; held here
             return self._keep(t, packed, counted=True)
@@ -296,8 +296,9 @@ class SaveSession:
             packed.probe.unpacked(packed)
         return out
 
-    def _where(self, t: torch.Tensor) -> tuple[str, str | None]:
-        """(op kind, layer name) of the save happening now."""
+    def _where(self, t: torch.Tensor, clamp: bool = False) -> tuple[str, str | None]:
+        """(op kind, layer name) of the save happening now (`clamp`: inside a module whose
+        op compares the save with two constants, actcodec.torch.save.boundary)."""
         module = self.modules[-1] if self.modules else None
         layer = None
         if module is not None:
@@ -305,7 +306,7 @@ class SaveSession:
         producer = type(t.grad_fn).__name__ if t.grad_fn is not None else ""
         if "Softmax" in producer:
             return "softmax", layer
-        if boundary.bounds(module) is not None:
+        if clamp:
             return "clamp", layer
         if module is not None and type(module).__name__ in MODULE_OPS:
             return MODULE_OPS[type(module).__name__], layer
