@@ -5,6 +5,8 @@ a cosine of at least .996 to the exact one under the default 8-bit policy.
 The cause this guards: ReLU's backward reads which of its outputs are positive, and dense
 8-bit quantization rounds a small positive next to a zero in its group to zero, flipping the
 mask (before the fix: worst parameter 0.9899, the stem batch norm's bias)."""
+import statistics
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -62,3 +64,25 @@ def test_relu_outputs_keep_their_sign_under_lossy_settings():
     assert codecs.get("relu") == {"bitmap_quant": 1}, codecs
     out.sum().backward()
     assert torch.equal(leaf.grad, (x > 0).float())  # the mask came back exact
+
+
+def test_mobilenet_v2_keeps_the_8bit_promise():
+    """ReLU6 (hardtanh(0, 6)): its backward compares its input with 0 and 6, and dense 8-bit
+    saves flipped that mask (whole cosine 0.95); stored as the comparison (save/boundary.py)."""
+    torch.manual_seed(0)
+    cfg = transformers.MobileNetV2Config(image_size=96, num_labels=10, depth_multiplier=0.35,
+                                         classifier_dropout_prob=0.0)
+    model = transformers.MobileNetV2ForImageClassification(cfg).train()
+    x, y = torch.randn(4, 3, 96, 96), torch.randint(0, 10, (4,))
+    exact = grads(model, x, y)
+    ctx = act.compress_saved(model=model)
+    got = grads(model, x, y, ctx)
+    whole = cosine(torch.cat([v.flatten() for v in exact.values()]),
+                   torch.cat([v.flatten() for v in got.values()]))
+    # A batch norm's bias before another batch norm (the bottlenecks without a residual) has
+    # a gradient of zero by construction; what it shows is rounding, 1e-7 of the others.
+    median = statistics.median(float(v.norm()) for v in exact.values())
+    worst = min((cosine(exact[n], got[n]), n) for n in exact
+                if float(exact[n].norm()) > 1e-4 * median)
+    assert whole >= 0.9999 and worst[0] >= 0.999, (whole, worst)
+    assert ctx.stats.ratio > 5
