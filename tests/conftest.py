@@ -5,6 +5,14 @@ from hypothesis import HealthCheck, settings
 
 import actcodec
 
+try:  # without a GPU, Triton kernels run on CPU tensors under Triton's interpreter, which
+    import torch  # must be on before the kernels are defined (at actcodec.torch's import)
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:
+    pass
+
 settings.register_profile(
     "default", deadline=None, max_examples=60,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

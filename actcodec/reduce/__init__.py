@@ -35,11 +35,17 @@ import functools
 import numbers
 
 import numpy as np
-import numba
-from llvmlite import binding as _llvm
 
-from . import cpu, keys, inputs
-from . import profile as _profile
+if not hasattr(np, "row_stack"):
+    # numba-cuda (0.30.4, the newest) registers an overload of np.row_stack when numba.cuda
+    # is first imported; NumPy 2.5 removed that alias of np.vstack, so that import fails.
+    np.row_stack = np.vstack
+
+import numba  # noqa: E402
+from llvmlite import binding as _llvm  # noqa: E402
+
+from . import cpu, keys, inputs  # noqa: E402
+from . import profile as _profile  # noqa: E402
 
 STRATEGIES = ("auto", "tree", "atomic", "hybrid")
 SIMULATOR_STRATEGY = "hybrid"  # what "auto" runs under the CUDA simulator: its timings mean nothing

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ... import _options, backends, container, encoder
-from . import device
+from . import fused
 from .dtypes import BITS, NAMES, TORCH_DTYPES, UNSIGNED
 
 def dtype_name(t: torch.Tensor) -> str:
@@ -71,7 +71,7 @@ def decode(enc: container.Encoded, out: torch.Tensor | None = None, dtype=None, 
     else:
         _check_out(out, enc, target, where)
     if where.type != "cpu":
-        device.decode_into(enc, memory_order(out), target)
+        fused.route(out).decode_into(enc, memory_order(out), target)
         return out
     enc.decode_into(byte_view(memory_order(out)), target, _options.resolve(threads, simd))
     return out
@@ -119,7 +119,7 @@ class TorchBackend:
 
     @staticmethod
     def encode(t, codec, **settings):
-        return device.encode(t, codec, **settings)  # the module, not the method below
+        return fused.route(t).encode(t, codec, **settings)  # modules, not the method below
 
     @staticmethod
     def decode(enc, out, dtype, *, threads=None, simd=None):

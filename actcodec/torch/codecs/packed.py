@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ... import _alloc, _options, encoder
-from . import device
+from . import fused
 from ...registry import CODECS
 from .dtypes import BITS, NAMES, UNSIGNED
 from ..save.policy import Setting
@@ -179,7 +179,7 @@ class Packed:
 def _decode_into(enc, dest: torch.Tensor, opts) -> None:
     """Decode `enc` into `dest`, a contiguous tensor of its dtype on its buffers' device."""
     if dest.device.type != "cpu":
-        device.decode_into(enc, dest, enc.dtype)
+        fused.route(dest).decode_into(enc, dest, enc.dtype)
         return
     out = dest.reshape(-1).view(torch.uint8).numpy() if dest.numel() else np.empty(0, np.uint8)
     buffers = tuple(b.numpy() for b in enc.buffers)
@@ -223,7 +223,7 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
             setting.codec, setting.params, opts, alloc if alloc is not None else
             store_alloc(store), keep_raw=keep_dense, wrap=torch.from_numpy)
     else:
-        enc = device.encode(source, setting.codec, keep_raw=keep_dense,
+        enc = fused.route(source).encode(source, setting.codec, keep_raw=keep_dense,
                             **setting.codec_kwargs())
     if enc is None:
         return keep(t)

@@ -1,0 +1,235 @@
+"""Device tensors through the fused Triton kernels (triton_kernels.py) where Triton is, the
+torch-op path (device.py) for everything else: the same format, byte for byte, either way.
+
+The kernels cover float32, float16 and bfloat16 tensors of fewer than 2^31 elements: the
+quant codec at power-of-two group sizes up to 8192 (one read: extrema, codes, packing and the
+codec choice's statistics together), the bitmap codec (one read for the bitmap and the
+statistics, one for compaction), bitmap + quant and the mask, and their decoding. What they do
+not cover goes to the torch-op path whole: float64, bitmap pruning, other group sizes, and
+inputs where a group is bad (a NaN/inf, or a range beyond float32), whose error or escapes
+that path produces.
+
+Host syncs: one per encode, the statistics row the codec choice (and the NaN check) needs.
+With the quant codec, or "auto" with bits, the quantization runs before that read, in the
+same pass as the statistics; where the choice is then a bitmap codec, the bitmap pass
+follows. Decoding reads nothing back.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ... import choice, container, encoder, quant
+from ...bitmap import nonzero_count
+from . import device
+
+try:
+    import triton  # noqa: F401  (the kernels' import below needs it)
+    from . import triton_kernels as kernels
+except ImportError:  # CPU wheels, MPS: the torch-op path serves every device
+    kernels = None
+
+KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
+_EXP = {"float32": 0x7F800000, "float16": 0x7C00, "bfloat16": 0x7F80}
+_ABS = {"float32": 0x7FFFFFFF, "float16": 0x7FFF, "bfloat16": 0x7FFF}
+_HUGE = {"float32": 0x7E800000, "float16": 0x7C00, "bfloat16": 0x7E80}  # 2^126 (none: f16)
+_INT = {2: torch.int16, 4: torch.int32}
+GROUP_MAX = 8192  # the largest group a quant tile holds whole
+TILE = 2048  # elements per program of the bitmap kernels
+_LIMIT = 2**31
+
+
+def applies(t: torch.Tensor) -> bool:
+    """Whether a tensor's device runs the kernels (CUDA and ROCm devices, with Triton)."""
+    return kernels is not None and t.device.type == "cuda"
+
+
+def route(t: torch.Tensor):
+    """The module whose encode and decode_into serve a non-CPU tensor: this one where the
+    kernels run on its device, else the torch-op path."""
+    return sys.modules[__name__] if applies(t) else device
+
+
+def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
+           group_size: int | None = 256, rounding: str = "nearest", seed: int = 0,
+           nonfinite: str = "raise", prune: float = 0.0,
+           keep_raw: bool = False) -> container.Encoded | None:
+    """device.encode's contract, through the kernels where they cover the input (whatever
+    device it is on: tests run them on CPU tensors under Triton's interpreter)."""
+    kw = dict(bits=bits, group_size=group_size, rounding=rounding, seed=seed,
+              nonfinite=nonfinite, prune=prune, keep_raw=keep_raw)
+    p = encoder.check(codec, bits, group_size, rounding, nonfinite, seed, prune)
+    if kernels is None or not isinstance(t, torch.Tensor) or t.dtype not in _TORCH or \
+            codec == "raw" or prune or not 0 < t.numel() < _LIMIT:
+        return device.encode(t, codec, **kw)
+    flat, name = device._flat_bits(t)
+    shape = tuple(int(d) for d in t.shape)
+    n, es = flat.numel(), flat.element_size()
+    group = p["group_size"] if p else None
+    if bits is not None and codec in ("auto", "quant") and _tile_holds(n, group):
+        bufs, stats = _quantize(flat, name, p)
+        nnz, one_value, nonfinite_count, huge, bad = _read(stats)
+        if nonfinite_count or bad:
+            return device.encode(t, codec, **kw)  # its error, or its escapes
+        if codec == "auto":
+            codec = choice.smallest(choice.sizes_from_counts(n, nnz, es, bits, group,
+                                                             one_value))
+        if codec == "quant":
+            return container.Encoded("quant", name, shape, p, bufs)
+        bm, counts = _bitmap(flat, name)[:2]
+    else:
+        bm, counts, stats = _bitmap(flat, name)
+        nnz, one_value, nonfinite_count, huge, _ = _read(stats)
+        if codec == "auto":
+            codec = choice.smallest(choice.sizes_from_counts(n, nnz, es, bits, group,
+                                                             one_value))
+        if codec == "quant":  # a group size the quant kernel does not take
+            return device.encode(t, codec, **kw)
+    if codec == "raw":
+        return None if keep_raw else container.Encoded("raw", name, shape, {},
+                                                       (device._bytes(flat.clone()),))
+    if codec == "mask":
+        if nnz and not one_value:
+            raise ValueError("not a mask: its nonzero elements differ (use bitmap)")
+        value = stats[1] if nnz else torch.zeros((), dtype=torch.int32, device=flat.device)
+        return container.Encoded("mask", name, shape, {},
+                                 (bm, device._bytes(value.to(_INT[es]).reshape(1))), nnz)
+    values = _compact(flat, counts, nnz)
+    if codec == "bitmap":
+        return container.Encoded("bitmap", name, shape, {"prune": 0.0},
+                                 (bm, device._bytes(values)), nnz)
+    # bitmap_quant: a group of the nonzero values is bad only if some element is
+    if nonfinite_count or huge or not nnz or not _tile_holds(nnz, group):
+        return device.encode(t, codec, **kw)
+    qbufs = _quantize(values, name, p)[0]
+    return container.Encoded("bitmap_quant", name, shape, p, (bm, *qbufs), nnz)
+
+
+_TORCH = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _tile_holds(n: int, group: int | None) -> bool:
+    """Whether the quant kernel takes n elements in groups of `group`: a power of two up to
+    GROUP_MAX, or one group (None, or at least n) of up to GROUP_MAX elements."""
+    g = n if not group or group >= n else group
+    return g <= GROUP_MAX and (group is None or group >= n or group & (group - 1) == 0)
+
+
+def _launch(kernel, programs: int, *args, **constants):
+    kernel[(programs,)](*args, **constants, enable_fp_fusion=False)
+
+
+def _stats(dev) -> torch.Tensor:
+    """A statistics row the kernels fold into (see triton_kernels._stats_row), made on the
+    device: a tensor built from host values would wait for the stream first."""
+    stats = torch.zeros(6, dtype=torch.int32, device=dev)
+    stats[1].fill_(2**31 - 1)
+    stats[2].fill_(-2**31)
+    return stats
+
+
+def _read(stats: torch.Tensor) -> tuple:
+    """The statistics row, read in one host sync: nonzero count, whether the nonzero
+    elements are one bit pattern, non-finite elements, huge elements, bad groups."""
+    nnz, lo, hi, nonfinite, huge, bad = stats.tolist()
+    return nnz, nnz > 0 and lo == hi, nonfinite, huge, bad
+
+
+def _quantize(flat: torch.Tensor, name: str, p: dict):
+    """[packed, mins, scales] of flat's elements, and their statistics row."""
+    n, dev, bits = flat.numel(), flat.device, p["bits"]
+    group = p["group_size"]
+    G = n if not group or group >= n else group
+    G = 1 << max(5, (G - 1).bit_length())  # one group of n pads to a power of two
+    tile = max(G, 1024)
+    programs = -(-n // tile)
+    ngroups = quant.ngroups(n, group)
+    nbytes = quant.packed_nbytes(n, bits)
+    packed = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    mins = torch.empty(ngroups, dtype=torch.float32, device=dev)
+    scales = torch.empty(ngroups, dtype=torch.float32, device=dev)
+    stats = _stats(dev)
+    stochastic = p["rounding"] == "stochastic"
+    key = device._round_key(p["seed"], 0) if stochastic else 0
+    _launch(kernels.quant_encode, programs, flat, packed, mins, scales, stats, n, nbytes,
+            ngroups, key, G=G, TILE=tile, BITS=bits, STOCHASTIC=stochastic, KIND=KIND[name],
+            EXP=_EXP[name], HUGE=_HUGE[name], ABS=_ABS[name], num_warps=2 if tile <= 1024 else 4)
+    return [packed, device._bytes(mins), device._bytes(scales)], stats
+
+
+def _bitmap(flat: torch.Tensor, name: str):
+    """The bitmap, each tile's nonzero count, and the statistics row."""
+    n, dev = flat.numel(), flat.device
+    programs = -(-n // TILE)
+    bm = torch.empty((n + 7) // 8, dtype=torch.uint8, device=dev)
+    counts = torch.empty(programs, dtype=torch.int32, device=dev)
+    stats = _stats(dev)
+    _launch(kernels.bitmap_encode, programs, flat, bm, counts, stats, n, TILE=TILE,
+            EXP=_EXP[name], HUGE=_HUGE[name], ABS=_ABS[name])
+    return bm, counts, stats
+
+
+def _offsets(counts: torch.Tensor) -> torch.Tensor:
+    """Exclusive prefix sums of per-tile counts: where each tile's values start."""
+    c = counts.to(torch.int64)
+    return torch.cumsum(c, 0) - c
+
+
+def _compact(flat: torch.Tensor, counts: torch.Tensor, nnz: int) -> torch.Tensor:
+    out = torch.empty(nnz, dtype=flat.dtype, device=flat.device)
+    if nnz:
+        _launch(kernels.compact, counts.numel(), flat, _offsets(counts), out, flat.numel(),
+                TILE=TILE)
+    return out
+
+
+# ---- decoding ----
+
+def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
+    """device.decode_into's contract, through the kernels where they cover the encoding."""
+    bufs = device._check_buffers(enc)
+    n = enc.size
+    if kernels is None or enc.codec not in ("quant", "bitmap", "bitmap_quant") or \
+            enc.dtype not in KIND or target not in KIND or not 0 < n < _LIMIT or \
+            len(bufs) not in (2, 3, 4) or (enc.codec == "bitmap" and target != enc.dtype):
+        device.decode_into(enc, out, target)
+        return
+    flat_out = out.view(-1)
+    if enc.codec == "quant":
+        _dequantize(bufs, n, target, enc.params, flat_out)
+        return
+    nnz = nonzero_count(enc, bufs[0])
+    es = torch.empty(0, dtype=out.dtype).element_size()
+    if enc.codec == "bitmap":
+        if bufs[1].numel() != nnz * es:
+            raise ValueError(f"bitmap marks {nnz} nonzero elements but the values buffer "
+                             f"holds {bufs[1].numel() // es}")
+        values = device._view(bufs[1], _INT[es])
+    else:
+        values = torch.empty(nnz, dtype=out.dtype, device=out.device)
+        if nnz:
+            _dequantize(bufs[1:], nnz, target, enc.params, values)
+        values = values.view(_INT[es])
+    programs = -(-n // TILE)
+    counts = torch.empty(programs, dtype=torch.int64, device=out.device)
+    _launch(kernels.bitmap_counts, programs, bufs[0], counts, n, TILE=TILE)
+    _launch(kernels.expand, programs, bufs[0], _offsets(counts), values,
+            flat_out.view(_INT[es]), n, TILE=TILE)
+
+
+def _dequantize(bufs, n: int, target: str, p: dict, out: torch.Tensor) -> None:
+    packed, mins, scales = bufs[:3]
+    bits = p["bits"]
+    ngroups = quant.ngroups(n, p["group_size"])
+    nbytes = quant.packed_nbytes(n, bits)
+    if packed.numel() != nbytes or mins.numel() != 4 * ngroups or \
+            scales.numel() != 4 * ngroups:
+        raise ValueError(f"packed codes, mins or scales do not match {n} {bits}-bit codes in "
+                         f"{ngroups} groups")
+    G = n if not p["group_size"] or p["group_size"] > n else p["group_size"]
+    tile = 2048
+    dest = out.view(torch.int16) if target == "bfloat16" else out
+    _launch(kernels.quant_decode, -(-n // tile), packed, device._view(mins, torch.float32),
+            device._view(scales, torch.float32), dest, n, nbytes, G, TILE=tile, BITS=bits,
+            OUT=KIND[target])
