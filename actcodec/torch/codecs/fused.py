@@ -92,7 +92,8 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
     if codec == "mask":
         if nnz and not one_value:
             raise ValueError("not a mask: its nonzero elements differ (use bitmap)")
-        value = stats[1] if nnz else torch.zeros((), dtype=torch.int32, device=flat.device)
+        value = stats[:, 1].min() if nnz else torch.zeros((), dtype=torch.int32,
+                                                          device=flat.device)
         return container.Encoded("mask", name, shape, {},
                                  (bm, device._bytes(value.to(_INT[es]).reshape(1))), nnz)
     values = _compact(flat, counts, nnz)
@@ -121,23 +122,25 @@ def _launch(kernel, programs: int, *args, **constants):
 
 
 def _stats(dev) -> torch.Tensor:
-    """A statistics row the kernels fold into (see triton_kernels._stats_row), made on the
+    """Statistics rows the kernels fold into (see triton_kernels._stats_row), made on the
     device: a tensor built from host values would wait for the stream first."""
-    stats = torch.zeros(6, dtype=torch.int32, device=dev)
-    stats[1].fill_(2**31 - 1)
-    stats[2].fill_(-2**31)
+    stats = torch.zeros(kernels.SLOTS.value, 6, dtype=torch.int32, device=dev)
+    stats[:, 1].fill_(2**31 - 1)
+    stats[:, 2].fill_(-2**31)
     return stats
 
 
 def _read(stats: torch.Tensor) -> tuple:
-    """The statistics row, read in one host sync: nonzero count, whether the nonzero
-    elements are one bit pattern, non-finite elements, huge elements, bad groups."""
-    nnz, lo, hi, nonfinite, huge, bad = stats.tolist()
+    """The statistics rows, read in one host sync and summed up: nonzero count, whether the
+    nonzero elements are one bit pattern, non-finite elements, huge elements, bad groups."""
+    rows = stats.tolist()
+    nnz, nonfinite, huge, bad = (sum(r[k] for r in rows) for k in (0, 3, 4, 5))
+    lo, hi = min(r[1] for r in rows), max(r[2] for r in rows)
     return nnz, nnz > 0 and lo == hi, nonfinite, huge, bad
 
 
 def _quantize(flat: torch.Tensor, name: str, p: dict):
-    """[packed, mins, scales] of flat's elements, and their statistics row."""
+    """[packed, mins, scales] of flat's elements, and their statistics rows."""
     n, dev, bits = flat.numel(), flat.device, p["bits"]
     group = p["group_size"]
     G = n if not group or group >= n else group
@@ -159,7 +162,7 @@ def _quantize(flat: torch.Tensor, name: str, p: dict):
 
 
 def _bitmap(flat: torch.Tensor, name: str):
-    """The bitmap, each tile's nonzero count, and the statistics row."""
+    """The bitmap, each tile's nonzero count, and the statistics rows."""
     n, dev = flat.numel(), flat.device
     programs = -(-n // TILE)
     bm = torch.empty((n + 7) // 8, dtype=torch.uint8, device=dev)
