@@ -181,3 +181,14 @@ def test_device_tensors_route_to_the_kernels(monkeypatch):
     enc = bridge.TorchBackend.encode(x, "auto", bits=8)
     assert enc.to_bytes() == actcodec.encode(x, bits=8).to_bytes()
     assert same_bits(bridge.decode(enc.to("cpu")), actcodec.encode(x, bits=8).decode())
+
+
+def test_importing_actcodec_torch_leaves_triton_for_the_first_gpu_encode():
+    # importing Triton takes seconds: a process that never encodes on a GPU does not pay them
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import sys, actcodec.torch, torch; "
+                        "actcodec.encode(torch.randn(100), bits=8); "
+                        "print('triton' in sys.modules)"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

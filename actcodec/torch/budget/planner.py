@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ... import choice
 
@@ -60,25 +60,33 @@ class Site:
     codec: str | None = None
     gain: float = 1.0
     peak: float | None = None  # the part of gain the most affected parameter gets
+    # (choice and counts) -> the smallest codec and its bytes: the planner and the keeper ask
+    # thousands of times a step, and the answer follows from the counts alone
+    _sizes_of: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def worst(self, c) -> float:
         """The relative error choice c gives the one parameter it affects most."""
         error = self.error(c)
         return error if self.peak is None or self.gain <= 0 else error * self.peak / self.gain
 
-    def _sizes(self, c) -> dict:
-        bits, group = c if c is not None else (None, None)
-        sizes = choice.sizes_from_counts(self.n, self.nnz, self.esize, bits, group)
-        if c is not None and self.codec in sizes:
-            return {self.codec: sizes[self.codec]}
-        return sizes
+    def _smallest(self, c) -> tuple:
+        """(codec, payload bytes) of the smallest encoding choice c allows for these counts."""
+        key = (c, self.n, self.nnz, self.esize, self.codec)
+        got = self._sizes_of.get(key)
+        if got is None:
+            bits, group = c if c is not None else (None, None)
+            sizes = choice.sizes_from_counts(self.n, self.nnz, self.esize, bits, group)
+            if c is not None and self.codec in sizes:
+                sizes = {self.codec: sizes[self.codec]}
+            best = choice.smallest(sizes)
+            got = self._sizes_of[key] = (best, sizes[best])
+        return got
 
     def nbytes(self, c) -> int:
-        sizes = self._sizes(c)
-        return sizes[choice.smallest(sizes)]
+        return self._smallest(c)[1]
 
     def error(self, c) -> float:
-        if c is None or choice.smallest(self._sizes(c)) not in choice.LOSSY:
+        if c is None or self._smallest(c)[0] not in choice.LOSSY:
             return 0.0
         bits, group = c
         return self.gain * at_bits(self.noise1[group], bits)

@@ -24,11 +24,17 @@ from ... import choice, container, encoder, quant
 from ...bitmap import nonzero_count
 from . import device
 
-try:
-    import triton  # noqa: F401  (the kernels' import below needs it)
-    from . import triton_kernels as kernels
-except ImportError:  # CPU wheels, MPS: the torch-op path serves every device
-    kernels = None
+
+def kernels():
+    """The kernels' module, imported on first use (importing Triton takes seconds, which a
+    process that never encodes on a GPU should not pay); None without Triton (CPU wheels,
+    MPS: the torch-op path serves every device)."""
+    try:
+        from . import triton_kernels
+    except ImportError:
+        return None
+    return triton_kernels
+
 
 KIND = {"float32": 0, "float16": 1, "bfloat16": 2}
 _EXP = {"float32": 0x7F800000, "float16": 0x7C00, "bfloat16": 0x7F80}
@@ -42,7 +48,7 @@ _LIMIT = 2**31
 
 def applies(t: torch.Tensor) -> bool:
     """Whether a tensor's device runs the kernels (CUDA and ROCm devices, with Triton)."""
-    return kernels is not None and t.device.type == "cuda"
+    return t.device.type == "cuda" and kernels() is not None
 
 
 def route(t: torch.Tensor):
@@ -60,7 +66,7 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
     kw = dict(bits=bits, group_size=group_size, rounding=rounding, seed=seed,
               nonfinite=nonfinite, prune=prune, keep_raw=keep_raw)
     p = encoder.check(codec, bits, group_size, rounding, nonfinite, seed, prune)
-    if kernels is None or not isinstance(t, torch.Tensor) or t.dtype not in _TORCH or \
+    if not isinstance(t, torch.Tensor) or kernels() is None or t.dtype not in _TORCH or \
             codec == "raw" or prune or not 0 < t.numel() < _LIMIT:
         return device.encode(t, codec, **kw)
     flat, name = device._flat_bits(t)
@@ -124,7 +130,7 @@ def _launch(kernel, programs: int, *args, **constants):
 def _stats(dev) -> torch.Tensor:
     """Statistics rows the kernels fold into (see triton_kernels._stats_row), made on the
     device: a tensor built from host values would wait for the stream first."""
-    stats = torch.zeros(kernels.SLOTS.value, 6, dtype=torch.int32, device=dev)
+    stats = torch.zeros(kernels().SLOTS.value, 6, dtype=torch.int32, device=dev)
     stats[:, 1].fill_(2**31 - 1)
     stats[:, 2].fill_(-2**31)
     return stats
@@ -155,7 +161,7 @@ def _quantize(flat: torch.Tensor, name: str, p: dict):
     stats = _stats(dev)
     stochastic = p["rounding"] == "stochastic"
     key = device._round_key(p["seed"], 0) if stochastic else 0
-    _launch(kernels.quant_encode, programs, flat, packed, mins, scales, stats, n, nbytes,
+    _launch(kernels().quant_encode, programs, flat, packed, mins, scales, stats, n, nbytes,
             ngroups, key, G=G, TILE=tile, BITS=bits, STOCHASTIC=stochastic, KIND=KIND[name],
             EXP=_EXP[name], HUGE=_HUGE[name], ABS=_ABS[name], num_warps=2 if tile <= 1024 else 4)
     return [packed, device._bytes(mins), device._bytes(scales)], stats
@@ -168,7 +174,7 @@ def _bitmap(flat: torch.Tensor, name: str):
     bm = torch.empty((n + 7) // 8, dtype=torch.uint8, device=dev)
     counts = torch.empty(programs, dtype=torch.int32, device=dev)
     stats = _stats(dev)
-    _launch(kernels.bitmap_encode, programs, flat, bm, counts, stats, n, TILE=TILE,
+    _launch(kernels().bitmap_encode, programs, flat, bm, counts, stats, n, TILE=TILE,
             EXP=_EXP[name], HUGE=_HUGE[name], ABS=_ABS[name])
     return bm, counts, stats
 
@@ -182,7 +188,7 @@ def _offsets(counts: torch.Tensor) -> torch.Tensor:
 def _compact(flat: torch.Tensor, counts: torch.Tensor, nnz: int) -> torch.Tensor:
     out = torch.empty(nnz, dtype=flat.dtype, device=flat.device)
     if nnz:
-        _launch(kernels.compact, counts.numel(), flat, _offsets(counts), out, flat.numel(),
+        _launch(kernels().compact, counts.numel(), flat, _offsets(counts), out, flat.numel(),
                 TILE=TILE)
     return out
 
@@ -193,7 +199,7 @@ def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
     """device.decode_into's contract, through the kernels where they cover the encoding."""
     bufs = device._check_buffers(enc)
     n = enc.size
-    if kernels is None or enc.codec not in ("quant", "bitmap", "bitmap_quant") or \
+    if kernels() is None or enc.codec not in ("quant", "bitmap", "bitmap_quant") or \
             enc.dtype not in KIND or target not in KIND or not 0 < n < _LIMIT or \
             len(bufs) not in (2, 3, 4) or (enc.codec == "bitmap" and target != enc.dtype):
         device.decode_into(enc, out, target)
@@ -216,8 +222,8 @@ def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
         values = values.view(_INT[es])
     programs = -(-n // TILE)
     counts = torch.empty(programs, dtype=torch.int64, device=out.device)
-    _launch(kernels.bitmap_counts, programs, bufs[0], counts, n, TILE=TILE)
-    _launch(kernels.expand, programs, bufs[0], _offsets(counts), values,
+    _launch(kernels().bitmap_counts, programs, bufs[0], counts, n, TILE=TILE)
+    _launch(kernels().expand, programs, bufs[0], _offsets(counts), values,
             flat_out.view(_INT[es]), n, TILE=TILE)
 
 
@@ -233,6 +239,6 @@ def _dequantize(bufs, n: int, target: str, p: dict, out: torch.Tensor) -> None:
     G = n if not p["group_size"] or p["group_size"] > n else p["group_size"]
     tile = 2048
     dest = out.view(torch.int16) if target == "bfloat16" else out
-    _launch(kernels.quant_decode, -(-n // tile), packed, device._view(mins, torch.float32),
+    _launch(kernels().quant_decode, -(-n // tile), packed, device._view(mins, torch.float32),
             device._view(scales, torch.float32), dest, n, nbytes, G, TILE=tile, BITS=bits,
             OUT=KIND[target])
