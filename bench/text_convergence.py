@@ -121,8 +121,10 @@ def worker(config: str, seed: int, steps: int, budget: int | None) -> dict:
         opt.zero_grad(set_to_none=True)
         if (step + 1) % max(1, steps // EVALS) == 0 or step + 1 == steps:
             curve.append((step + 1, held_out()))
+    profiles = ctx.limit.schedule.profiles if ctx is not None and ctx.limit else None
     return {"config": config, "seed": seed, "test_loss": curve[-1][1], "curve": curve,
-            "held_bytes": held, "budget": budget, "seconds": time.perf_counter() - t0}
+            "held_bytes": held, "budget": budget, "seconds": time.perf_counter() - t0,
+            "profiles": profiles}
 
 
 def _launch(config: str, seed: int, steps: int, budget: int | None) -> dict:

@@ -218,3 +218,31 @@ def test_the_guard_is_on_for_eight_bits_and_off_for_fewer_unless_told():
     assert compress_saved(Policy.preset("lossless")).guard is None
     assert compress_saved(bits=4, guard=True).guard is not None
     assert compress_saved(guard=False).guard is None
+
+
+def _profile_steps(states, first=0):
+    schedule = sensitivity.Schedule(first=first)
+    steps = []
+    for i, state in enumerate(states):
+        schedule.new_step(state=state)
+        if schedule.probe is not None:
+            steps.append(i)
+    return steps
+
+
+def test_profiles_follow_what_the_model_saves():
+    same = [{"a": 1.0, "b": 2.0}] * 1200
+    assert _profile_steps(same) == [0, 500, 1000]  # nothing drifts: every PROFILE_EVERY
+    # a drift of half of every site's noise at step 100: profiled at once
+    moved = same[:100] + [{"a": 1.5, "b": 3.0}] * 1100
+    assert _profile_steps(moved) == [0, 100, 600, 1100]
+    # one site of three drifting is not the model changing (the median)
+    one = same[:100] + [{"a": 9.0, "b": 2.0, "c": 5.0}] * 100
+    assert _profile_steps([{**s, "c": 5.0} for s in same[:100]] + one) == [0]
+    # drifts sooner than DRIFT_GAP after a profile wait for it; small ones never count
+    early = same[:10] + [{"a": 2.0, "b": 4.0}] * 100
+    assert _profile_steps(early) == [0, sensitivity.DRIFT_GAP]
+    creep = [{"a": 1.0 + 0.2 * (i > 50), "b": 2.0} for i in range(400)]
+    assert _profile_steps(creep) == [0]
+    # the guard's schedule, told nothing of the saves, keeps the fixed cadence from step 1
+    assert _profile_steps([None] * 600, first=1) == [1, 501]

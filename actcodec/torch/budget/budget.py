@@ -116,7 +116,11 @@ class Budget:
         (same budget and sites, and the last step kept to it without making room): choices
         that stay put keep payload sizes, and so the store's plan, from step to step. The
         keeper's count of room made starts afresh."""
-        self._take_gains(self.schedule.new_step(profile=bool(self.nbytes)))
+        # each site's noise at 1 bit in the widest group, which every encoding measures anew
+        # (a finer group's may be left from a step that encoded it so)
+        state = {key: site.noise1[max(site.noise1)] for key, site in self.sites.items()
+                 if site.noise1}
+        self._take_gains(self.schedule.new_step(profile=bool(self.nbytes), state=state))
         planned_for = (self.nbytes, set(self.sites), self.measured)
         replan = self.keeper.made_room or self.planned_for != planned_for
         self.keeper.made_room = 0

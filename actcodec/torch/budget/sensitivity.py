@@ -29,10 +29,14 @@ import torch
 from .noise import squared_norm
 from ..save.policy import SIGN_READ
 
-# Profile steps: a context's first (its second for the guard) and every PROFILE_EVERY after.
+# Profile steps: a context's first (its second for the guard); then, where the caller says
+# what its saves look like (the budget: each site's noise at 1 bit), when that has drifted by
+# DRIFT (the median over sites of the relative change since the last profile; at most every
+# DRIFT_GAP steps), as training changes the model; and every PROFILE_EVERY at the latest.
 # One calls each watched save's op once more in backward, which costs one to several steps'
-# time: under 1% of a step, spread over these.
+# time.
 PROFILE_EVERY = 500
+DRIFT, DRIFT_GAP = 0.25, 25
 PROBE_BITS = 4  # the perturbation's step: small enough for the op to act linearly on it
 GROUP = 64  # elements per group whose range sets the perturbation's step
 _KEY = "actcodec_probe"  # where a node's metadata holds the key a probe gave it
@@ -48,13 +52,23 @@ class Schedule:
         self.steps, self.first = 0, first  # the step that profiles first
         self.probe: Probe | None = None
         self._ordinals: dict = {}
+        self.last: int | None = None  # the step that profiled last
+        self.reference: dict = {}  # the saves' state as the last profile found it
+        self.profiles = 0
 
-    def new_step(self, profile: bool = True) -> dict:
+    def new_step(self, profile: bool = True, state: dict | None = None) -> dict:
         """A step begins: what the last one's probe measured ({site: (gain, peak)}); this
-        one profiles if it is due (and `profile`)."""
+        one profiles if it is due (and `profile`). `state`: {site: a positive number that
+        moves with what the model saves there}, for profiling when it drifts."""
         found = self.probe.result() if self.probe is not None else {}
-        due = profile and self.steps >= self.first and \
-            (self.steps - self.first) % PROFILE_EVERY == 0
+        state = state or {}
+        if self.last is not None and not self.reference:
+            self.reference = dict(state)  # the first state seen after that profile
+        due = profile and self.steps >= self.first and (
+            self.last is None or self.steps - self.last >= PROFILE_EVERY or (
+                self.steps - self.last >= DRIFT_GAP and drift(self.reference, state) >= DRIFT))
+        if due:
+            self.last, self.reference, self.profiles = self.steps, dict(state), self.profiles + 1
         self.probe = Probe(seed=self.steps) if due else None
         self.steps += 1
         self._ordinals = {}
@@ -65,6 +79,15 @@ class Schedule:
         n = self._ordinals.get(kind, 0)
         self._ordinals[kind] = n + 1
         return (*kind, n)
+
+
+def drift(before: dict, now: dict) -> float:
+    """The median relative change from `before` to `now` over the keys both hold (0 if none)."""
+    changes = sorted(abs(now[k] - b) / b for k, b in before.items() if b > 0 and k in now)
+    if not changes:
+        return 0.0
+    mid = len(changes) // 2
+    return changes[mid] if len(changes) % 2 else (changes[mid - 1] + changes[mid]) / 2
 
 
 class Probe:
