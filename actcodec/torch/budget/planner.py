@@ -114,7 +114,8 @@ def plan(sites: dict, budget: int) -> dict:
     """{site key: choice} within `budget` bytes in all. First every site is raised to the
     lowest level of error any one parameter gets from it that the budget can hold for all
     (`_floors`: so the worst parameter is as close as the bytes allow); the bytes left go
-    greedily by error removed per byte (the sum over parameters)."""
+    greedily by error removed per byte (the sum over parameters). Uniform bits that fit are
+    candidates too (`least_error`)."""
     keys = list(sites)
     ladders = [sites[k].ladder() for k in keys]
     at = _floors([sites[k] for k in keys], ladders, budget)
@@ -137,7 +138,43 @@ def plan(sites: dict, budget: int) -> dict:
             total += cost
             at[i] += 1
             push(i)
-    return {k: lad[a] for k, lad, a in zip(keys, ladders, at)}
+    chosen = {k: lad[a] for k, lad, a in zip(keys, ladders, at)}
+    return least_error(sites, [chosen, *(u for c in CHOICES
+                                         if (u := uniform(sites, c)) is not None
+                                         and nbytes(sites, u) <= budget)])
+
+
+def uniform(sites: dict, c) -> dict | None:
+    """Every site at choice c (at its fewest bits where c has fewer): uniform bits, as a
+    preset stores them; None where a site's noise at c's group size is not known."""
+    if c is None:
+        return dict.fromkeys(sites)
+    if any(c[1] not in site.noise1 for site in sites.values()):
+        return None
+    return {k: (max(c[0], site.min_bits), c[1]) for k, site in sites.items()}
+
+
+def nbytes(sites: dict, choices: dict) -> int:
+    return sum(sites[k].nbytes(c) for k, c in choices.items())
+
+
+def estimate(sites: dict, choices: dict) -> tuple:
+    """What the plan's own model says of a plan: (the worst error one parameter gets, the
+    total error)."""
+    return (max((sites[k].worst(c) for k, c in choices.items()), default=0.0),
+            sum(sites[k].error(c) for k, c in choices.items()))
+
+
+def least_error(sites: dict, plans: list) -> dict:
+    """The first plan, unless a later one is estimated no worse on both the worst parameter
+    and the total and better on one: then the first such (the greedy plan must not be one its
+    own estimate says a uniform plan beats)."""
+    best, best_est = plans[0], estimate(sites, plans[0])
+    for p in plans[1:]:
+        e = estimate(sites, p)
+        if e[0] <= best_est[0] and e[1] <= best_est[1] and e != best_est:
+            best, best_est = p, e
+    return best
 
 
 def _floors(sites: list, ladders: list, budget: int) -> list:
