@@ -22,6 +22,13 @@ def sites(draw, max_sites=3):
     return out
 
 
+def span(sites, fraction):
+    """(fewest bytes, most bytes, a budget `fraction` of the way between) of these sites."""
+    floor = sum(s.nbytes(s.ladder()[0]) for s in sites.values())
+    top = sum(s.nbytes(s.ladder()[-1]) for s in sites.values())
+    return floor, top, int(floor + fraction * (top - floor))
+
+
 def cost(sites, plan):
     return sum(sites[k].nbytes(c) for k, c in plan.items())
 
@@ -45,9 +52,7 @@ def combos(sites, budget):
 @settings(max_examples=200, deadline=None)
 @given(sites(), st.floats(0.0, 1.5))
 def test_the_plan_fits_holds_the_worst_lowest_and_then_the_sum_near_the_best(sites, fraction):
-    floor = sum(s.nbytes(s.ladder()[0]) for s in sites.values())
-    top = sum(s.nbytes(s.ladder()[-1]) for s in sites.values())
-    budget = int(floor + fraction * (top - floor))
+    floor, top, budget = span(sites, fraction)
     plan = planner.plan(sites, budget)
     # up the ladders, or uniform bits where those beat that by the plan's own estimate
     assert all(plan[k] in sites[k].ladder() for k in sites) or \
@@ -121,9 +126,7 @@ def test_a_plan_its_own_estimate_says_is_beaten_gives_way():
 @settings(max_examples=200, deadline=None)
 @given(sites(), st.floats(0.0, 1.5))
 def test_no_uniform_plan_that_fits_beats_the_plan(sites, fraction):
-    floor = sum(s.nbytes(s.ladder()[0]) for s in sites.values())
-    top = sum(s.nbytes(s.ladder()[-1]) for s in sites.values())
-    budget = int(floor + fraction * (top - floor))
+    budget = span(sites, fraction)[2]
     plan = planner.plan(sites, budget)
     got = planner.estimate(sites, plan)
     for c in planner.CHOICES:
