@@ -258,16 +258,23 @@ static size_t distance(size_t a, size_t b) { return a > b ? a - b : b - a; }
  * hold a data-dependent number of nonzeros change size from step to step). */
 static int similar(size_t pages, size_t n) { return pages + SLACK(n) >= n && pages <= n + SLACK(n); }
 
+/* A larger plan entry a request of n pages may take where no similar one is free: up to twice
+ * its size. A smaller request in its place wastes the rest for the period but displaces no
+ * other (the micro-batches of a batch that does not divide evenly: each request of a smaller
+ * one is a fixed fraction smaller than the larger one's, which the plan was made from). */
+static int roomy(size_t pages, size_t n) { return pages > n + SLACK(n) && pages <= 2 * n; }
+
 #define TRIES 8 /* plan entries a request looks at, nearest in time first */
 
-/* The plan entry of a size similar to n nearest the period's `now`, among those not taken
- * (all, with any_taken) and not in skip[0..nskip); nplan if none. */
+/* The plan entry of a size similar to n (with larger: roomy for n) nearest the period's `now`,
+ * among those not taken (all, with any_taken) and not in skip[0..nskip); nplan if none. */
 static size_t nearest(const ac_store *s, size_t n, int any_taken, const size_t *skip,
-                      size_t nskip) {
+                      size_t nskip, int larger) {
     size_t best = s->nplan, best_gap = SIZE_MAX;
     for (size_t j = 0; j < s->nplan; j++) {
         size_t gap = distance(s->plan[j].start, s->now);
-        if ((s->taken[j] && !any_taken) || !similar(s->plan[j].pages, n) || gap >= best_gap)
+        int fits = larger ? roomy(s->plan[j].pages, n) : similar(s->plan[j].pages, n);
+        if ((s->taken[j] && !any_taken) || !fits || gap >= best_gap)
             continue;
         int skipped = 0;
         for (size_t i = 0; i < nskip; i++) skipped |= skip[i] == j;
@@ -280,25 +287,28 @@ static size_t nearest(const ac_store *s, size_t n, int any_taken, const size_t *
 }
 
 /* Where the plan puts a request of n pages now: the entry of a similar size nearest the
- * period's `now` whose pages are free now. An entry smaller than n serves only if the pages
- * it lacks are free and no entry still to come needs them during its time. npages if none. */
+ * period's `now` whose pages are free now, else such a roomy one. An entry smaller than n
+ * serves only if the pages it lacks are free and no entry still to come needs them during its
+ * time. npages if none. */
 static size_t planned(ac_store *s, size_t n, size_t *run) {
     const region *g = &s->regs[0];
-    size_t tried[TRIES];
-    for (size_t t = 0; t < TRIES; t++) {
-        size_t best = nearest(s, n, 0, tried, t);
-        if (best == s->nplan) break;
-        tried[t] = best;
-        const plan_block *e = &s->plan[best];
-        if (!is_free(g, e->at, n, run)) continue;
-        size_t from = e->start < s->now ? e->start : s->now;
-        if (e->pages < n && claimed(s, e->at + e->pages, n - e->pages, from,
-                                    from + (e->end - e->start) + distance(e->start, s->now),
-                                    best))
-            continue;
-        s->taken[best] = 1;
-        s->now = e->start + 1;
-        return e->at;
+    for (int larger = 0; larger < 2; larger++) {
+        size_t tried[TRIES];
+        for (size_t t = 0; t < TRIES; t++) {
+            size_t best = nearest(s, n, 0, tried, t, larger);
+            if (best == s->nplan) break;
+            tried[t] = best;
+            const plan_block *e = &s->plan[best];
+            if (!is_free(g, e->at, n, run)) continue;
+            size_t from = e->start < s->now ? e->start : s->now;
+            if (e->pages < n && claimed(s, e->at + e->pages, n - e->pages, from,
+                                        from + (e->end - e->start) + distance(e->start, s->now),
+                                        best))
+                continue;
+            s->taken[best] = 1;
+            s->now = e->start + 1;
+            return e->at;
+        }
     }
     return g->npages;
 }
@@ -310,7 +320,7 @@ static size_t planned(ac_store *s, size_t n, size_t *run) {
 static size_t unplanned(ac_store *s, size_t n, size_t *run) {
     region *g = &s->regs[0];
     if (!s->nplan) return find_run(g, n, 0, run);
-    size_t like = nearest(s, n, 1, NULL, 0), nruns = 0;
+    size_t like = nearest(s, n, 1, NULL, 0, 0), nruns = 0;
     size_t to = like == s->nplan ? SIZE_MAX : s->now + (s->plan[like].end - s->plan[like].start);
     for (size_t a = 0; a < g->npages; a += run_len(g->head[a])) nruns++;
     plan_block *busy = malloc((nruns + s->nplan) * sizeof *busy);

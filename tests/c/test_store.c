@@ -278,6 +278,29 @@ static void planned_step_tests(void) {
         ac_store_reset_peak(s);
     }
     ac_store_delete(s);
+
+    /* a step whose every request is a fifth smaller (the smaller micro-batch of a batch that
+     * does not divide evenly) lands in the entries of the larger one: no page beyond them */
+    s = ac_store_new(1u << 20);
+    unsigned char *large[3];
+    for (int step = 0; step < 3; step++) {
+        size_t n = step < 2 ? 10 : 8;
+        unsigned char *p = ac_store_alloc(s, n * PAGE), *q = ac_store_alloc(s, 2 * n * PAGE);
+        ac_store_release(s, p);
+        unsigned char *r = ac_store_alloc(s, n * PAGE);
+        memset(q, 1, 2 * n * PAGE);
+        memset(r, 2, n * PAGE);
+        int same = step < 2 || (p == large[0] && q == large[1] && r == large[2]);
+        large[0] = p, large[1] = q, large[2] = r;
+        ac_store_release(s, q);
+        ac_store_release(s, r);
+        if (step == 2)
+            report(same && usage(s).mapped_bytes <= 30 * PAGE,
+                   "a smaller step keeps to the larger one's entries (%zu pages mapped)",
+                   usage(s).mapped_bytes / PAGE);
+        ac_store_reset_peak(s);
+    }
+    ac_store_delete(s);
 }
 
 /* Random alloc / shrink / release against a list of live blocks, each holding its pattern. */
