@@ -4,8 +4,9 @@ the whole process, each in a fresh process:
 
 - ``fp32``: plain PyTorch, no actcodec; its largest step peak RSS is the first limit;
 - ``checkpoint``: torch.utils.checkpoint on every block, what users pick today;
-- ``limit=...``: `actcodec.torch.Step(model, limit=...)` at the plain peak, about 1/2 and 1/3
-  of it, and the smallest limit the library accepts once the optimizer's state exists
+- ``limit=...``: `actcodec.torch.Step(model, limit=...)` at the plain peak, at 1/2 and 1/3
+  of it above the floor (the process before its first step, plus AdamW's state), and the
+  smallest limit the library accepts once the optimizer's state exists
   (`Step.smallest_limit()` after the other limits' runs); and a limit far too small, refused
   with `MemoryLimitError` before the first step;
 - then one long sample per step, a transformers Llama layout at batch 1 (demo_long.py).
@@ -53,12 +54,13 @@ def run(config: str, s: dict, data: str) -> dict:
     import torch.nn.functional as F
 
     import actcodec.torch as act
-    from .process_memory import Sampler
+    from .process_memory import Sampler, rss
 
     torch.set_num_threads(s["threads"])
     x_train, y_train, x_test, y_test = demo_text.data(data)
     model = demo_text.model(s["width"], s["size"], config == "checkpoint", layers=s["layers"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    floor = rss() + sum(2 * p.numel() * p.element_size() for p in model.parameters())
     order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(0))
 
     def loss_fn(m, batch):
@@ -88,7 +90,7 @@ def run(config: str, s: dict, data: str) -> dict:
             except act.MemoryLimitError as exc:
                 sampler.stop.set()
                 return {"config": config, "limit": step.limit, "error": str(exc),
-                        "needed": exc.needed, "step_peaks": peaks}
+                        "needed": exc.needed, "step_peaks": peaks, "floor": floor}
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
@@ -98,7 +100,8 @@ def run(config: str, s: dict, data: str) -> dict:
               f"{peaks[-1] / MiB:.0f} MiB, {times[-1]:.1f} s", flush=True)
     with torch.no_grad():
         test = float(loss_fn(model, (x_test[:s["batch_size"]], y_test[:s["batch_size"]])))
-    return {**limits_process.summary(config, step, peaks, times, losses), "test_loss": test}
+    return {**limits_process.summary(config, step, peaks, times, losses), "test_loss": test,
+            "floor": floor}
 
 
 # ---- the parent ----
@@ -128,9 +131,9 @@ def parent(s: dict, out: str) -> int:
 
         plain = show(_worker("fp32", s, tmp))
         results += [plain, show(_worker("checkpoint", s, tmp))]
-        top = plain["peak"]
+        top, floor = plain["peak"], plain["floor"]
         smallest = []
-        for limit in (top, top // 2, top // 3):
+        for limit in (top, floor + (top - floor) // 2, floor + (top - floor) // 3):
             r = show(_worker(f"limit={limit // MiB}MiB", s, tmp))
             results.append(r)
             smallest.append(r.get("smallest") or r.get("needed"))

@@ -21,7 +21,8 @@ from . import limits_process
 
 MiB = 2**20
 FULL = {"tokens": 1024, "width": 256, "layers": 4, "vocab": 32000, "steps": 6}
-QUICK = {"tokens": 256, "width": 32, "layers": 2, "vocab": 4096, "steps": 2}
+# quick: the smallest where the head and the loss leave Step room to plan beside its margins
+QUICK = {"tokens": 1024, "width": 64, "layers": 2, "vocab": 16384, "steps": 2}
 # The smallest limit tried: what the 1/2 run named, plus room for the next process's floor
 ABOVE_NAMED, ABOVE_NAMED_BYTES = 1.02, 16 * MiB
 
