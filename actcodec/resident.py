@@ -20,9 +20,11 @@ import sys
 import threading
 
 
-def _status_kib(field: str) -> int | None:
+def proc_kib(field: str, path: str = "/proc/self/status") -> int | None:
+    """A "Field: N kB" line's N from a /proc file (the process's status by default; None
+    where there is none)."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
@@ -33,13 +35,13 @@ def _status_kib(field: str) -> int | None:
 
 def rss() -> int:
     """The process's resident bytes now."""
-    kib = _status_kib("VmRSS")
+    kib = proc_kib("VmRSS")
     return kib * 1024 if kib is not None else peak_rss()
 
 
 def peak_rss() -> int:
     """The process's resident high-water mark (since the last reset_peak)."""
-    kib = _status_kib("VmHWM")
+    kib = proc_kib("VmHWM")
     if kib is not None:
         return kib * 1024
     import resource
@@ -56,44 +58,48 @@ def _reset_kernel_peak() -> bool:
             f.write("5")
     except OSError:
         return False
-    hwm, now = _status_kib("VmHWM"), _status_kib("VmRSS")
+    hwm, now = proc_kib("VmHWM"), proc_kib("VmRSS")
     return hwm is not None and now is not None and hwm <= now + 1024
 
 
-class _PeakReader:
-    """The one reader of the kernel's high-water mark. The counter is the process's, so its
-    reader is too: a reset would erase what every open `Peak` (in this thread or another) has
-    not read yet, so each reset first folds the counter into all of them. Invariant: an open
-    Peak's peak is max(its folded value, the counter now)."""
+class PeakCounter:
+    """The one reader of a resettable high-water counter (the kernel's VmHWM for the
+    process; a CUDA device's peak reserved bytes): the counter is global, so its reader is
+    too. A reset would erase what every open `Peak` (in this thread or another) has not read
+    yet, so each reset first folds the counter into all of them. Invariant: an open Peak's
+    peak is max(its folded value, the counter now). `read()` gives the counter, `reset()`
+    sets it to the current value and says whether it could."""
 
-    def __init__(self):
+    def __init__(self, read, reset):
+        self.read, self._reset = read, reset
         self.lock = threading.Lock()
         self.open: set = set()
 
+    def _fold(self) -> None:
+        hwm = self.read()
+        for p in self.open:
+            p._peak = max(p._peak, hwm)
+
     def reset(self) -> bool:
         with self.lock:
-            hwm = peak_rss()
-            for p in self.open:
-                p._peak = max(p._peak, hwm)
-            return _reset_kernel_peak()
+            self._fold()
+            return self._reset()
 
     def enter(self, p: "Peak") -> bool:
         with self.lock:
-            hwm = peak_rss()
-            for q in self.open:
-                q._peak = max(q._peak, hwm)
-            ok = _reset_kernel_peak()
+            self._fold()
+            ok = self._reset()
             if ok:
                 self.open.add(p)
             return ok
 
     def leave(self, p: "Peak") -> None:
         with self.lock:
-            p._peak = max(p._peak, peak_rss())
+            p._peak = max(p._peak, self.read())
             self.open.discard(p)
 
 
-_READER = _PeakReader()
+_READER = PeakCounter(lambda: peak_rss(), lambda: _reset_kernel_peak())  # looked up per call
 
 
 def reset_peak() -> bool:
@@ -106,16 +112,20 @@ class Peak:
     """The peak RSS of the block it is entered for (`nbytes`, also readable inside it): the
     kernel's counter after a reset, or a sampling thread where no reset is possible (then
     `sampled` is True). Peaks nest and may run in several threads at once: a reset made
-    inside one (another Peak, `reset_peak`) does not lose what the outer one had seen."""
+    inside one (another Peak, `reset_peak`) does not lose what the outer one had seen.
+    `counter` and `now`: another resettable counter and its current value (a CUDA device's
+    reserved bytes, actcodec.torch.limit.meter), the process's by default."""
 
-    def __init__(self, period: float = 0.001):
+    def __init__(self, period: float = 0.001, counter: PeakCounter | None = None, now=None):
         self.period = period
         self.sampled = False
+        self._counter = counter if counter is not None else _READER
+        self._now = now if now is not None else rss
         self._peak, self._stop, self._thread = 0, None, None
 
     def __enter__(self) -> "Peak":
-        self._peak = rss()
-        self.sampled = not _READER.enter(self)
+        self._peak = self._now()
+        self.sampled = not self._counter.enter(self)
         if self.sampled:
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -127,17 +137,17 @@ class Peak:
             self._stop.set()
             self._thread.join()
         else:
-            _READER.leave(self)
+            self._counter.leave(self)
 
     @property
     def nbytes(self) -> int:
         if self.sampled or self._thread is not None:
-            return max(self._peak, rss())
-        return max(self._peak, peak_rss())
+            return max(self._peak, self._now())
+        return max(self._peak, self._counter.read())
 
     def _sample(self) -> None:
         while not self._stop.wait(self.period):
-            self._peak = max(self._peak, rss())
+            self._peak = max(self._peak, self._now())
 
 
 class _MallInfo2(ctypes.Structure):

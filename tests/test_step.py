@@ -244,9 +244,9 @@ def test_a_limit_lowered_from_another_thread_holds_from_the_next_step():
     assert step.stats.limit == lowered == step.limit
 
 
-def test_a_model_elsewhere_than_the_cpu_is_refused_clearly():
+def test_a_model_elsewhere_than_the_cpu_and_cuda_is_refused_clearly():
     m = model().to("meta")
-    with pytest.raises(ValueError, match="CPU memory"):
+    with pytest.raises(ValueError, match=r"the CPU .* and CUDA .* this model is on meta"):
         act.Step(m, limit="1GiB", loss_fn=mse)(data())
 
 

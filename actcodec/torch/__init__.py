@@ -19,6 +19,7 @@ from .codecs.backend import decode, encode
 from .budget.budget import parse_bytes
 from .save.convert import convert, unconvert
 from .save.hooks import compress_saved, record
+from .save.offload import offload_saved
 from .codecs.packed import Packed
 from .save.policy import Policy, Setting
 from .save.saved_bytes import CountSaved, count_saved
@@ -39,5 +40,5 @@ del _package, _name, _module
 
 __all__ = ["Accounting", "CountSaved", "MemoryLimitError", "Packed", "Plan", "Policy", "Setting",
            "Step", "allocator", "causal_lm_loss", "chunked_cross_entropy", "compress_saved",
-           "convert", "count_saved", "decode", "encode",
+           "convert", "count_saved", "decode", "encode", "offload_saved",
            "parse_bytes", "record", "unconvert"]

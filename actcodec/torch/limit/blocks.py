@@ -60,6 +60,9 @@ class Running:
         self.current = None
         self.local = None
         self.seconds: dict = {}
+        # a profile on a device that runs asynchronously (CUDA): waits for its queued work
+        # before each clock reading, so that seconds are the work's, not its launches'
+        self.sync = None
         self.inputs: dict = {}
         self.local_inputs: dict = {}
         self.local_seconds: dict = {}
@@ -145,6 +148,8 @@ class _Enter:
         if state is None or self.attachment.users == 0:
             return None
         i = self.index
+        if state.profile and state.sync is not None:
+            state.sync()
         t0 = time.perf_counter()
         if state.profile:
             state.inputs[i] = state.inputs.get(i, 0) + _tensor_bytes((*args, *kwargs.values()))
@@ -178,6 +183,8 @@ class _Leave:
             # must come off, as torch's composable checkpoint does)
             next(gen, None)
         if state.profile:
+            if state.sync is not None:
+                state.sync()
             i = self.index
             state.seconds[i] = state.seconds.get(i, 0.0) + (time.perf_counter() - t0)
         return None

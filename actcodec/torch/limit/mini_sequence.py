@@ -88,6 +88,8 @@ class _Enter:
         if chunks == 0 or not (state.profile or chunks > 1) or not self._checked(module, x):
             state.local_open.append(None)
             return None
+        if state.profile and state.sync is not None:
+            state.sync()
         entry = [None, time.perf_counter(), state.local]
         if state.profile:  # what it saves, its inputs and seconds: what chunks would change
             b = self.block
@@ -129,6 +131,8 @@ class _Leave:
             out = torch.cat([checkpoint(module.forward, piece, use_reentrant=False)
                              for piece in x.tensor_split(chunks, dim=1)], dim=1)
         if state.profile:
+            if state.sync is not None:
+                state.sync()
             b = self.block
             state.local_seconds[b] = state.local_seconds.get(b, 0.0) + \
                 (time.perf_counter() - t0)

@@ -5,13 +5,15 @@
         loss = step(batch)          # forward and backward of the whole batch, into .grad
         opt.step(); opt.zero_grad()
 
-The limit is the process's resident memory as the system counts it. At each step's start the
-floor (what the process holds: parameters, optimizer state, libraries) is measured; the step
-adds at most `limit - floor`. The first step profiles the model in small probes
+The limit is on the memory of where the model lives (meter.py): the process's resident memory
+as the system counts it, or, for a model on a CUDA device, the device's memory as PyTorch's
+caching allocator reserves it. At each step's start the floor (what is live: parameters,
+optimizer state, libraries) is measured; the step adds at most `limit - floor`. The first step profiles the model in small probes
 (actcodec.torch.step_profile), then a pure solver (actcodec.torch.limit_plan) picks the
 fastest plan that fits: micro-batches (gradient accumulation), recomputation of repeated
 blocks (actcodec.torch.blocks), how what the step holds is stored (as it is, lossless,
-paged to disk, or, where lossy saves are allowed and pay, under a saved-bytes budget that
+paged to disk or on CUDA offloaded to pinned host memory, or, on the CPU where lossy saves
+are allowed and pay, under a saved-bytes budget that
 gives each save its bits by importance, none below `bits`). Each step's measured peak
 corrects the model for the next (it only ever grows more careful). A limit lowered while a
 budget step runs lowers its budget at once, by how far it went below the limit the step was
@@ -34,18 +36,18 @@ import weakref
 
 import torch
 
-from ... import resident
 from ... import store as stores
 from ..save import allocator as allocators
 from . import accumulate
 from . import blocks as blocks_mod
 from . import causal_lm, chunked_loss
 from . import limit_plan
-from . import loss_weights, mini_sequence
+from . import loss_weights, meter as meters, mini_sequence
 from . import micro_batches as mb
 from . import optimizer_state, planning, shape, step_profile
 from ..budget import spill as spills
 from ..budget.budget import parse_bytes
+from ..save import offload
 from ..save.hooks import compress_saved
 from ..save.policy import Policy
 
@@ -90,17 +92,21 @@ class StepStats:
                 f"{phases}")
 
 
-def _storages(bits: int, exact: bool) -> tuple:
-    """Exact: as it is, lossless, paged out. Lossy: "budget", a saved-bytes budget over the
-    room the plan leaves, bits per save by importance per byte, none below `bits`."""
+def _storages(bits: int, exact: bool, cuda: bool = False) -> tuple:
+    """Exact: as it is, lossless, paged out (on CUDA: offloaded to pinned host memory). Lossy
+    (not on CUDA yet): "budget", a saved-bytes budget over the room the plan leaves, bits
+    per save by importance per byte, none below `bits`."""
+    if cuda:
+        return ("plain", "lossless", "offload")
     return ("plain", "lossless", "paged") + (() if exact else ("budget",))
 
 
 class Step:
     """The training step under a limit (see the module doc).
 
-    model: a torch module on the CPU (when a limit is set); limit: bytes or a string such as
-    "1GiB", None for plain training through the same API; loss_fn(model, micro_batch): the
+    model: a torch module on the CPU or a CUDA device (when a limit is set; elsewhere a
+    ValueError at the first step); limit: bytes or a string such as "1GiB", "free" (what the
+    device has at each step), None for plain training through the same API; loss_fn(model, micro_batch): the
     micro-batch's mean loss, or (loss, weight) (default for dict batches: model(**b).loss);
     bits: the fewest bits a lossy save may take (8, 4 or 2); exact: no lossy saves; spill_dir:
     where paged saves go (checked here: exists, a directory, writable); ghost_batchnorm:
@@ -152,7 +158,9 @@ class Step:
         self.bits, self.exact, self.spill_dir = bits, bool(exact), spill_dir
         self.ghost_batchnorm, self.batch_size, self.scaler = ghost_batchnorm, batch_size, scaler
         self._lock = threading.Lock()
-        self._limit = parse_bytes(limit)
+        self._limit = _parse_limit(limit)
+        self._meters: dict = {}  # by device: the memory a limit there is on (meter.py)
+        self._over_capacity = None  # the last limit warned as above what the device has
         self._lowered = False
         self.plan = None if plan is None else (
             plan if isinstance(plan, limit_plan.Plan) else limit_plan.Plan.from_dict(plan))
@@ -172,6 +180,7 @@ class Step:
         self._closed = False
         self._running = 0  # steps running now (any thread): close() waits for none
         self._contexts: dict = {}
+        self._period_samples = 0  # samples of the micro-batch run last (see _run)
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
         # under _lock only, so its budget always follows the limit (_in_flight_budget)
@@ -185,8 +194,11 @@ class Step:
     # -- the limit ---------------------------------------------------------------------------
     @property
     def limit(self) -> int | None:
-        """The process's memory limit in bytes (None: none). Settable at any time, from any
-        thread; the next step is planned for it.
+        """The memory limit in bytes (None: none; "free": at each step, what the device
+        has, meter.capacity()) on where the model lives: the process's resident memory, or
+        a CUDA device's reserved memory. Settable at any time, from any thread; the next step
+        is planned for it. A limit above what there is is planned as what there is, with a
+        RuntimeWarning.
 
         A budget step running meanwhile has its saved-bytes budget follow at once: the
         plan's budget less how far the limit now is below the limit the step was planned
@@ -199,9 +211,10 @@ class Step:
 
     @limit.setter
     def limit(self, value) -> None:
-        value = parse_bytes(value)
+        value = _parse_limit(value)
         with self._lock:
-            if value is not None and (self._limit is None or value < self._limit):
+            if value is not None and (not isinstance(self._limit, int) or
+                                      not isinstance(value, int) or value < self._limit):
                 self._lowered = True
             self._limit = value
             if self._in_flight is not None:
@@ -211,7 +224,7 @@ class Step:
         """The running budget step's budget under the current limit (called under _lock):
         its plan's, less how far the limit is below the one it was planned for."""
         planned_limit, planned_budget = self._planned
-        if planned_limit is None or self._limit is None:
+        if planned_limit is None or not isinstance(self._limit, int):
             return planned_budget
         return max(0, planned_budget - max(0, planned_limit - self._limit))
 
@@ -260,19 +273,20 @@ class Step:
         size = mb.batch_size(batch, self.batch_size)
         with self._lock:
             limit, lowered, self._lowered = self._limit, self._lowered, False
+        meter = self._meter(strict=limit is not None)
         if limit is not None:
-            self._check_device()
-            if self.allocator:
+            limit = self._within_capacity(limit, meter)
+            if self.allocator and isinstance(meter, meters.ProcessMeter):
                 allocators.ensure()  # before the floor: its first install trims the heap
-            _give_back_free(limit)
+            _give_back_free(meter, limit)
         seconds = {}
         batch = _no_cache(self.model, batch)
         loss_fn = self._loss_fn(batch, limit)
         tokens = shape.sequence_length(batch, size)
         key = ("token", tokens) if tokens is not None else \
             ("sample", shape.units_per_sample(batch, size))
-        with resident.Peak() as before:  # the probes' peak: the limit holds for them too
-            floor = self._floor()
+        with meter.peak() as before:  # the probes' peak: the limit holds for them too
+            floor = self._floor(meter)
             if limit is not None and not self.frozen and self._planning.needs_probes(
                     key, limit - floor):
                 t0 = time.perf_counter()
@@ -284,46 +298,95 @@ class Step:
                     run, count, split, first = (
                         lambda n: self._loss(shape.first_tokens(batch, tokens, n),
                                              loss_fn)[0], tokens, False, tokens // 4)
+                cuda = isinstance(meter, meters.CudaMeter)
                 measured = step_profile.measure(
-                    run, self.model, self.blocks, count, _storages(self.bits, self.exact),
+                    run, self.model, self.blocks, count,
+                    _storages(self.bits, self.exact, cuda),
                     split, self.spill_dir, room=planning.available(limit - floor),
-                    paged=self._context("paged"), bits=self.bits,
-                    budgeted=None if self.exact else self._context("budget"),
-                    lossless=self._context("lossless"), first=first)
+                    paged=self._context("offload" if cuda else "paged"), bits=self.bits,
+                    budgeted=None if self.exact or cuda else self._context("budget"),
+                    lossless=self._context("lossless"), first=first,
+                    fixed_bytes=self._loss_buffers(batch, limit), meter=meter)
                 self._planning.add(key, measured)
                 seconds["profile"] = time.perf_counter() - t0
-                floor = self._floor()  # the probes' lazy state (libraries, heap)
+                floor = self._floor(meter)  # the probes' lazy state (libraries, heap)
             last = self.plan
             plan = self._plan_for(size, key, limit, floor)
             if lowered or plan != last:  # give back the pages a larger plan or probes kept
-                _release_kept_pages()
+                meter.give_back()
         probes = before.nbytes if "profile" in seconds else 0
         if self.frozen and limit is not None:
-            return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn)
-        loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn)
+            return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn, meter)
+        loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn, meter)
         if limit is not None:
-            _room_for_the_optimizer(self.optimizer, limit)
+            _room_for_the_optimizer(meter, self.optimizer, limit)
         return loss
+
+    def _meter(self, strict: bool):
+        """The meter of where the model is now (a model may move between steps). strict: a
+        device no meter covers is a ValueError; else (no limit: only the stats read it) the
+        process's."""
+        try:
+            found = meters.meter_for(self.model)
+        except ValueError:
+            if strict:
+                raise
+            found = meters.ProcessMeter()
+        key = str(found.device)
+        return self._meters.setdefault(key, found)
+
+    def _within_capacity(self, limit, meter) -> int:
+        """The limit this step plans for: "free" is what the device has now; a limit above
+        that is planned as it, with a RuntimeWarning (once per limit)."""
+        capacity = meter.capacity()
+        if limit == "free":
+            if capacity is None:
+                raise ValueError("limit='free': how much memory this process may use is not "
+                                 "known here (no /proc/meminfo, no cgroup limit); pass bytes")
+            return capacity
+        if capacity is not None and limit > capacity:
+            if self._over_capacity != limit:
+                self._over_capacity = limit
+                warnings.warn(f"the limit of {limit / MiB:.0f} MiB is above what "
+                              f"{meter.device} has ({capacity / MiB:.0f} MiB with what this "
+                              f"process holds): planned as {capacity / MiB:.0f} MiB",
+                              RuntimeWarning, stacklevel=4)
+            return capacity
+        return limit
 
     def _loss_fn(self, batch, limit):
         """The loss this step runs: the chunked head and loss for the default loss of a
         covered causal LM under a limit (see chunk_loss), else the Step's loss_fn."""
+        chunk = self._chunk_tokens(batch, limit)
+        if chunk is None:
+            return self.loss_fn
+        return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
+
+    def _chunk_tokens(self, batch, limit) -> int | None:
+        """The chunked loss's chunk in tokens where this step runs it, else None."""
         if limit is None or not self.chunk_loss or self.loss_fn is not mb.default_loss or \
                 not isinstance(batch, Mapping) or batch.get("labels") is None or \
                 not causal_lm.covers(self.model):
-            return self.loss_fn
+            return None
         vocab = self.model.get_output_embeddings().out_features
-        chunk = chunked_loss.default_chunk_tokens(vocab, STEP_CHUNK_LOGITS_BYTES)
-        return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
+        return chunked_loss.default_chunk_tokens(vocab, STEP_CHUNK_LOGITS_BYTES)
 
-    def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn):
+    def _loss_buffers(self, batch, limit) -> int:
+        """The chunked loss's two float32 chunk x vocabulary buffers (0 where it does not
+        run): held by every step at least a chunk long, whatever its length."""
+        chunk = self._chunk_tokens(batch, limit)
+        if chunk is None:
+            return 0
+        return 2 * 4 * chunk * self.model.get_output_embeddings().out_features
+
+    def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn, meter):
         """A pinned (or frozen) plan under a limit: not planned for it, so its peak is held
         against the limit after it ran; above it, MemoryLimitError and .grad put back as it
         was (what it held is set aside around the step, as accumulate does in it)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         kept = accumulate._set_aside(params)
         try:
-            loss = self._run(batch, size, plan, limit, floor, seconds, 0, loss_fn)
+            loss = self._run(batch, size, plan, limit, floor, seconds, 0, loss_fn, meter)
             if self.stats.peak > limit:
                 raise MemoryLimitError(
                     f"the pinned plan ({self.describe()}) peaked at "
@@ -337,23 +400,17 @@ class Step:
         accumulate._add_back(params, kept)
         return loss
 
-    def _check_device(self) -> None:
-        for p in self.model.parameters():
-            if p.device.type != "cpu":
-                raise ValueError(f"Step(limit=...) plans the process's CPU memory; this model "
-                                 f"has parameters on {p.device}. Use limit=None there for now")
-            break
-
     def _split(self) -> bool:
         if self.ghost_batchnorm:
             return True
         return not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
                        for m in self.model.modules())
 
-    def _floor(self) -> int:
-        """The floor the step plans from: what the process holds now, plus the state the
-        optimizer's next step will create (the whole loop must fit, not this step alone)."""
-        return step_profile.floor() + optimizer_state.pending_bytes(self.optimizer)
+    def _floor(self, meter) -> int:
+        """The floor the step plans from: what is live where the model is now, plus the state
+        the optimizer's next step will create (the whole loop must fit, not this step
+        alone)."""
+        return meter.live() + optimizer_state.pending_bytes(self.optimizer)
 
     def _plan_for(self, size, key, limit, floor) -> limit_plan.Plan:
         if self.frozen and self.plan is not None:
@@ -406,7 +463,7 @@ class Step:
         optimizer's state included, once it exists) and what the steps so far measured; None
         before the first step under a limit has profiled the model."""
         # planned for the model's training mode now (batch norm training: one micro-batch)
-        floor = self._floor()
+        floor = self._floor(self._meter(strict=False))
         needed = self._planning.needed(floor, split=self._split())
         if needed is None:
             return None
@@ -420,7 +477,9 @@ class Step:
             return contextlib.nullcontext()
         if storage not in self._contexts:
             # the allocator is the Step's to install, under a limit only (see _step)
-            if storage == "paged":
+            if storage == "offload":
+                ctx = offload.offload_saved()
+            elif storage == "paged":
                 ctx = compress_saved(Policy.preset("lossless"), model=self.model, budget=0,
                                      spill_dir=self.spill_dir, allocator=False)
             elif storage == "budget":
@@ -433,7 +492,7 @@ class Step:
             self._contexts[storage] = ctx
         return self._contexts[storage]
 
-    def _run(self, batch, size, plan, limit, floor, seconds, probes: int, loss_fn):
+    def _run(self, batch, size, plan, limit, floor, seconds, probes: int, loss_fn, meter):
         ranges = mb.slices(size, plan.micro_batches)
         if plan.storage == "budget":
             ctx = self._context("budget")
@@ -448,7 +507,16 @@ class Step:
 
         def run(start: int, stop: int):
             if plan.storage == "plain":  # compress_saved ends a period itself
-                stores.new_step(None)  # a period of the store per micro-batch
+                # a period of the store per micro-batch. The store lays a period out as it
+                # planned from the one before, which fits a micro-batch as large or smaller
+                # (largest first: mb.slices); a larger one (the first of a step after the
+                # uneven last of the one before) starts without a plan, first fit over the
+                # free pages, instead of around the plan of the smaller one
+                if stop - start > self._period_samples:
+                    _release_kept_pages(meter)
+                else:
+                    stores.new_step(None)
+                self._period_samples = stop - start
             with blocks_mod.running(state), storage:
                 return self._loss(mb.take(batch, size, start, stop), loss_fn)
 
@@ -456,7 +524,7 @@ class Step:
         try:
             shares = loss_weights.shares(self.model, batch, size, ranges,
                                          self.loss_fn is mb.default_loss)
-            with resident.Peak() as peak:
+            with meter.peak() as peak:
                 done = accumulate.accumulate(run, ranges, shares, params, scaler=self.scaler,
                                              no_sync=getattr(self.model, "no_sync", None))
         finally:
@@ -509,34 +577,44 @@ def _no_cache(model, batch):
     return {**batch, "use_cache": False} if takes else batch  # (a BatchEncoding: a dict)
 
 
-def _give_back_free(limit: int) -> None:
-    """The plan counts on what the allocators hold free being reused, but it is resident:
-    where the process is at the limit before the step starts (pages the store kept from an
-    evaluation's or the user's own tensors since freed), the store's free pages go back to
-    the system first. So they do where they fill more than half the room above what is live
-    (the optimizer's temporaries, say): a step that fits inside them never raises RSS, so its
-    peak would measure them, not what it needs, and the next plan would be judged by them.
-    (The heap is left as it is: with the allocator installed it holds only small tensors,
-    and a trimmed heap would make its free bytes unknowable.)"""
-    rss = resident.rss()
-    if rss > limit - SAFETY_BYTES or rss - resident.live() > (limit - resident.live()) / 2:
-        _release_kept_pages()
+def _give_back_free(meter, limit: int) -> None:
+    """The plan counts on what the allocators hold free being reused, but it is held (the
+    limit counts it): where what is held is at the limit before the step starts (pages the
+    store kept from an evaluation's or the user's own tensors since freed; a CUDA cache of
+    blocks), what they hold free goes back first. So it does where it fills more than half
+    the room above what is live (the optimizer's temporaries, say): a step that fits inside
+    it never raises what is held, so its peak would measure it, not what the step needs,
+    and the next plan would be judged by it. (The heap is left as it is: with the allocator
+    installed it holds only small tensors, and a trimmed heap would make its free bytes
+    unknowable. A CUDA cache is kept unless the limit needs it: the allocator reuses it
+    best fit, and what is reserved again after emptying it costs a device allocation per
+    block, every step.)"""
+    held, live = meter.held(), meter.live()
+    if held > limit - SAFETY_BYTES or (isinstance(meter, meters.ProcessMeter) and
+                                       held - live > (limit - live) / 2):
+        meter.give_back()
 
 
-def _room_for_the_optimizer(optimizer, limit: int) -> None:
-    """The store keeps the step's free pages for the next, the heap its free chunks; where
-    the optimizer's temporaries would take the process over the limit on top of them, they
-    go back now (the store's first, the heap's if that is not enough)."""
+def _room_for_the_optimizer(meter, optimizer, limit: int) -> None:
+    """The allocators keep the step's free memory for the next (the store its pages, the heap
+    its free chunks, CUDA its cached blocks); where the optimizer's temporaries would take
+    what is held over the limit on top of it, it goes back now (the store's or the cache
+    first, the heap's if that is not enough)."""
     temporaries = optimizer_state.step_parts(optimizer)[1]
-    if temporaries and resident.rss() + temporaries > limit - SAFETY_BYTES:
-        _release_kept_pages()
-        if resident.rss() + temporaries > limit - SAFETY_BYTES:
-            resident.trim_heap()
+    if temporaries and meter.held() + temporaries > limit - SAFETY_BYTES:
+        meter.give_back()
+        if meter.held() + temporaries > limit - SAFETY_BYTES:
+            meter.trim()
 
 
-def _release_kept_pages() -> None:
-    """The store's free pages back to the system: it keeps the pages of the step before for
-    one period, so two periods end here."""
-    stores.new_step(None)
-    stores.new_step(None)
+def _release_kept_pages(meter=None) -> None:
+    """The store's free pages back to the system (on a device, its cache): the store keeps
+    the pages of the step before for one period, so two periods end here."""
+    (meter or meters.ProcessMeter()).give_back()
 
+
+def _parse_limit(value):
+    """bytes, a string such as "1GiB", None, or "free" (kept as it is: resolved per step)."""
+    if isinstance(value, str) and value.strip().lower() == "free":
+        return "free"
+    return parse_bytes(value)

@@ -15,13 +15,15 @@ import time
 import torch
 
 from ... import choice, resident
-from ... import store as stores
 from . import blocks as blocks_mod
 from . import limit_plan
+from . import meter as meters
+from ..save import offload
 from ..codecs.backend import decode, encode
 
 MIN_BYTES = 4096  # saves smaller than this stay as they are under every storage
 LOSSY = {"8bit": (8, 256), "4bit": (4, 256), "2bit": (2, 64)}  # Policy presets' bits, groups
+OFF_DEVICE = ("paged", "offload")  # storages that hold nothing where the step runs
 
 
 def floor() -> int:
@@ -46,12 +48,16 @@ class Probe:
 
 
 def probe(run_loss, params, samples: int, recompute=(), storage=None,
-          fresh: bool = False) -> Probe:
+          fresh: bool = False, meter=None) -> Probe:
     """Runs `run_loss(samples)` forward and backward, counting (see module doc); or, given a
     `storage` context (compress_saved), its forward in that context, counting nothing but the
     peak and the seconds. `fresh`: the store's kept pages are released first, so that a probe
-    run once measures its own layout, not what the probe before it left kept."""
+    run once measures its own layout, not what the probe before it left kept. `meter`:
+    where the memory is measured (actcodec.torch.limit.meter; the process's by default)."""
+    meter = meter if meter is not None else meters.ProcessMeter()
     out = Probe(samples, recompute)
+    if meter.device.type != "cpu":
+        out.state.sync = meter.synchronize
     seen: set = set()
 
     def pack(t):
@@ -73,18 +79,17 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
             out.other += nbytes
         return t
 
-    stores.new_step(None)
-    if fresh:  # the store's pages kept from the probe before go back first
-        stores.new_step(None)
-    base = floor()
+    meter.start_probe(fresh)
+    base = meter.live()
     t0 = time.perf_counter()
     counting = storage is None
-    with resident.Peak() as peak, blocks_mod.running(out.state):
+    with meter.peak() as peak, blocks_mod.running(out.state):
         with storage if not counting else \
                 torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = run_loss(samples)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         del grads, loss
+        meter.synchronize()
     out.seconds = time.perf_counter() - t0
     out.peak = max(0, peak.nbytes - base)
     return out
@@ -102,10 +107,14 @@ def storage_ratio(p: Probe, bits: int | None, group: int | None) -> float:
     return min(1.0, (small + p.other) / total)
 
 
-def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
-    """Seconds to encode and decode (and, paged, write and read back) a byte of a normal
-    float32 tensor of 4 MiB under a storage, the best of three."""
-    t = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0))
+def codec_seconds_per_byte(name: str, spill_dir: str | None, meter=None) -> float:
+    """Seconds to encode and decode (and, paged, write and read back; offloaded, copy to
+    pinned host memory and back) a byte of a normal float32 tensor of 4 MiB under a storage,
+    on the meter's device, the best of three."""
+    device = meter.device if meter is not None else torch.device("cpu")
+    t = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0)).to(device)
+    if name == "offload":
+        return offload.round_trip_seconds(t) / (t.numel() * t.element_size())
     kwargs = {"bits": LOSSY[name][0], "group_size": LOSSY[name][1]} if name in LOSSY else \
         {"bits": None}
     best = float("inf")
@@ -120,6 +129,8 @@ def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
                 f.seek(0)
                 f.read()
         decode(enc)
+        if meter is not None:
+            meter.synchronize()
         best = min(best, time.perf_counter() - t0)
     return best / (t.numel() * t.element_size())
 
@@ -127,7 +138,8 @@ def codec_seconds_per_byte(name: str, spill_dir: str | None) -> float:
 def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: bool,
             spill_dir: str | None, room: float | None = None, paged=None,
             bits: int = 8, budgeted=None, lossless=None,
-            first: int | None = None) -> limit_plan.Profile:
+            first: int | None = None, fixed_bytes: int = 0,
+            meter=None) -> limit_plan.Profile:
     """The step's profile for a batch of `batch` samples: probes of k samples and of 2k
     (where they fit in `room` bytes above the floor), each twice and the second counted (the
     first warms lazy state up and lays memory out first fit), buffers restored after. k is 1
@@ -140,7 +152,10 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     the sequence, so that its per-token costs come from two lengths. There each probe runs
     once after one warm-up, and the paged probes only where recomputing every block would
     not fit by the lean probe (else paging is not offered): the first step, probes
-    included, takes about three plain steps."""
+    included, takes about three plain steps. `fixed_bytes`: what a probe there holds beside
+    the gradients that does not grow with its tokens (the chunked loss's buffers), so that
+    the half is run where it fits. `meter`: where memory is measured (probe); `paged`: the
+    context that holds nothing on the device (paged out; on CUDA, offloaded: OFF_DEVICE)."""
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     least = 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
@@ -153,19 +168,19 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     twice = first is None
     # what a probe's peak holds that does not grow with it: samples, nothing assumed; along a
     # sequence, the gradients (whose size the length does not change)
-    fixed_guess = 0 if twice else sum(p.numel() * p.element_size() for p in params)
+    fixed_guess = 0 if twice else \
+        sum(p.numel() * p.element_size() for p in params) + fixed_bytes
 
     def counted(size, recompute=(), storage=None):
         if twice:  # the first of each: lazy state warms up, the store learns lifetimes
-            probe(run_loss, params, size, recompute, storage)
-        if twice:
-            return probe(run_loss, params, size, recompute, storage)
-        return probe(run_loss, params, size, recompute, storage, fresh=True)
+            probe(run_loss, params, size, recompute, storage, meter=meter)
+            return probe(run_loss, params, size, recompute, storage, meter=meter)
+        return probe(run_loss, params, size, recompute, storage, fresh=True, meter=meter)
 
     try:
         # lazy state warms up (its size does not matter: along a sequence, a short one)
-        probe(run_loss, params, k if twice else max(1, k // 4))
-        one = probe(run_loss, params, k)
+        probe(run_loss, params, k if twice else max(1, k // 4), meter=meter)
+        one = probe(run_loss, params, k, fresh=not twice, meter=meter)  # as the later ones
         two = one
         if room is not None and one.peak > room:
             # k samples already went past the room: no plan of whole samples fits, and every
@@ -189,13 +204,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if lean_two is not None and room is not None and lean_two.peak + (batch - two.samples) \
                 * max(0.0, lean_two.peak - lean.peak) / (two.samples - k) <= room:
             paged = None  # recomputation fits: paging is not needed (nor offered)
-            storages = tuple(name for name in storages if name != "paged")
+            storages = tuple(name for name in storages if name not in OFF_DEVICE)
         if paged is not None and not beyond:
             for size in sorted({k, two.samples}):
                 bare.append(counted(size, storage=paged))
         timed = {}  # storages whose cost a probe measures: beside the codec, their bookkeeping
         if bare:
-            timed["paged"] = bare[0].seconds
+            timed.update({name: bare[0].seconds for name in OFF_DEVICE})
         budget_probe = None
         if budgeted is not None and not beyond:  # a budget of half the full size
             budgeted.budget = sum(one.saved.values()) // 2
@@ -273,10 +288,10 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         # a budget's fewest bytes: every save at its fewest bits (`bits`)
         codec = f"{bits}bit" if name == "budget" else name
         k_bits, group = LOSSY.get(codec, (None, None))
-        ratio = 0.0 if name == "paged" else storage_ratio(two, k_bits, group)
+        ratio = 0.0 if name in OFF_DEVICE else storage_ratio(two, k_bits, group)
         if name == "lossless" and ratio > 0.97:
             continue  # nothing sparse enough to gain from
-        seconds = codec_seconds_per_byte(codec, spill_dir)
+        seconds = codec_seconds_per_byte(codec, spill_dir, meter)
         if name in timed and sum(one.saved.values()):
             seconds = max(seconds, (timed[name] - one.seconds) / sum(one.saved.values()))
         extra = 0.0

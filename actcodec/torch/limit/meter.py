@@ -1,0 +1,148 @@
+"""The memory of where a model lives, as a limit on it counts it: one small interface for the
+process's resident memory (a model on the CPU) and a CUDA device's caching allocator (a model
+on a GPU), so that a Step, its probes and its solver work the same on both.
+
+- `held()`: what the limit is on, now: the process's RSS; on CUDA the bytes the caching
+  allocator reserves (what runs out: a reservation that cannot grow is an out-of-memory
+  error, whatever of it is free inside).
+- `live()`: what is in use: RSS less what the allocators hold free (actcodec.resident.live);
+  the allocated bytes. A step starts from it (its floor): the rest of `held()` is reused.
+- `peak()`: a context whose `nbytes` is the block's peak of `held()` (nesting, threads).
+- `give_back()`: what the allocators hold free goes back (the store's kept pages;
+  `torch.cuda.empty_cache`); `trim()`: glibc's free heap (nothing on a device).
+- `start_probe(fresh)`: before a probe of the step's profile: the process's store ends a
+  period (and, fresh, gives its kept pages back); a CUDA cache is always emptied, since the
+  reservation only grows while it is kept and a probe would measure the probes before it.
+- `synchronize()`: waits for the device's queued work (CUDA runs asynchronously; a probe's
+  seconds must be its work's, not its launches').
+- `capacity()`: the most `held()` could reach now (what is held and what is free:
+  MemAvailable, or a cgroup's memory.max where lower; the device's free memory), for
+  `limit="free"` and for a limit above what there is.
+
+`meter_for(model)` picks one from where the model's parameters are; a device other than the
+CPU and CUDA gets a ValueError naming what is supported.
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import resident
+from ... import store as stores
+
+
+class ProcessMeter:
+    """The process's resident memory (a model on the CPU)."""
+
+    device = torch.device("cpu")
+
+    def held(self) -> int:
+        return resident.rss()
+
+    def live(self) -> int:
+        return resident.live()
+
+    def peak(self) -> resident.Peak:
+        return resident.Peak()
+
+    def give_back(self) -> None:
+        # the store keeps the pages of the step before for one period: two periods end
+        stores.new_step(None)
+        stores.new_step(None)
+
+    def trim(self) -> int:
+        return resident.trim_heap()
+
+    def start_probe(self, fresh: bool) -> None:
+        stores.new_step(None)
+        if fresh:  # the store's pages kept from the probe before go back first
+            stores.new_step(None)
+
+    def synchronize(self) -> None:
+        pass
+
+    def capacity(self) -> int | None:
+        available = resident.proc_kib("MemAvailable", "/proc/meminfo")
+        most = None if available is None else resident.rss() + available * 1024
+        cgroup = _cgroup_max()
+        if cgroup is not None:
+            most = cgroup if most is None else min(most, cgroup)
+        return most
+
+
+class CudaMeter:
+    """A CUDA device's memory as PyTorch's caching allocator reserves it. `cuda`: the module
+    whose counters it reads (torch.cuda; a stand-in in tests)."""
+
+    def __init__(self, device, cuda=None):
+        self.device = torch.device(device)
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self.counter = resident.PeakCounter(self._max_reserved, self._reset)
+
+    def _max_reserved(self) -> int:
+        return self.cuda.max_memory_reserved(self.device)
+
+    def _reset(self) -> bool:
+        self.cuda.reset_peak_memory_stats(self.device)
+        return True
+
+    def held(self) -> int:
+        return self.cuda.memory_reserved(self.device)
+
+    def live(self) -> int:
+        return self.cuda.memory_allocated(self.device)
+
+    def peak(self) -> resident.Peak:
+        return resident.Peak(counter=self.counter, now=self.held)
+
+    def give_back(self) -> None:
+        self.cuda.empty_cache()
+
+    def trim(self) -> int:
+        return 0
+
+    def start_probe(self, fresh: bool) -> None:
+        self.give_back()
+
+    def synchronize(self) -> None:
+        self.cuda.synchronize(self.device)
+
+    def capacity(self) -> int:
+        free, _total = self.cuda.mem_get_info(self.device)
+        return free + self.held()
+
+
+SUPPORTED = "the CPU (the process's resident memory) and CUDA (the caching allocator's)"
+
+
+def meter_for(model: torch.nn.Module, cuda=None):
+    """The meter of where the model's parameters (else buffers) are: ProcessMeter on the CPU,
+    a CudaMeter on a CUDA device, the CPU's for a model without either. ValueError for
+    another device, or for parameters on several."""
+    devices = {t.device for t in (*model.parameters(), *model.buffers())}
+    if len(devices) > 1:
+        raise ValueError(f"Step(limit=...) plans the memory of one device; this model has "
+                         f"parameters or buffers on {sorted(map(str, devices))}")
+    device = next(iter(devices), torch.device("cpu"))
+    if device.type == "cpu":
+        return ProcessMeter()
+    if device.type == "cuda":
+        index = device.index if device.index is not None else (
+            cuda or torch.cuda).current_device()
+        return CudaMeter(torch.device("cuda", index), cuda)
+    raise ValueError(f"Step(limit=...) plans the memory of {SUPPORTED}; this model is on "
+                     f"{device}. Use limit=None there (plain training through the same API)")
+
+
+def _cgroup_max() -> int | None:
+    """The process's cgroup v2 memory.max in bytes (None: unlimited or unknown)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line.split(":", 2)[2].strip() for line in f
+                         if line.startswith("0::")), None)
+        if path is None:
+            return None
+        with open(f"/sys/fs/cgroup{path.rstrip('/')}/memory.max") as f:
+            value = f.read().strip()
+    except (OSError, StopIteration):
+        return None
+    return None if value == "max" else int(value)

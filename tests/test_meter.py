@@ -1,0 +1,167 @@
+"""actcodec.torch.limit.meter: the memory of where a model lives, the same interface for the
+process (CPU) and a CUDA device's caching allocator (checked here with a stand-in for
+torch.cuda's counters), and Step's limit on it ("free", a limit above what there is)."""
+import numpy as np
+import pytest
+import torch
+
+import actcodec.torch as act
+from actcodec.torch.limit import meter as meters
+
+MiB = 1 << 20
+
+
+class FakeCuda:
+    """torch.cuda's counters for one device, driven by the test."""
+
+    def __init__(self, total=8 << 30):
+        self.total, self.allocated, self.reserved, self.max_reserved = total, 0, 0, 0
+        self.emptied = 0
+
+    def alloc(self, n):
+        self.allocated += n
+        self.reserved = max(self.reserved, self.allocated)
+        self.max_reserved = max(self.max_reserved, self.reserved)
+
+    def free(self, n):
+        self.allocated -= n
+
+    def memory_allocated(self, device):
+        return self.allocated
+
+    def memory_reserved(self, device):
+        return self.reserved
+
+    def max_memory_reserved(self, device):
+        return self.max_reserved
+
+    def reset_peak_memory_stats(self, device):
+        self.max_reserved = self.reserved
+
+    def empty_cache(self):
+        self.emptied += 1
+        self.reserved = self.allocated
+
+    def mem_get_info(self, device):
+        return self.total - self.reserved, self.total
+
+    def current_device(self):
+        return 0
+
+
+def test_the_process_meter_reads_rss_and_its_peak():
+    m = meters.ProcessMeter()
+    assert 0 < m.live() <= m.held() + 64 * MiB
+    before = m.held()
+    with m.peak() as p:
+        a = np.ones(100 * MiB, np.uint8)
+        del a
+    assert p.nbytes - before >= 90 * MiB
+    assert m.capacity() is None or m.capacity() >= m.held()
+
+
+def test_the_cuda_meter_reads_the_caching_allocator():
+    cuda = FakeCuda()
+    m = meters.CudaMeter("cuda:0", cuda)
+    cuda.alloc(100)
+    cuda.free(40)
+    assert (m.live(), m.held()) == (60, 100)
+    assert m.capacity() == cuda.total
+    m.give_back()
+    assert cuda.emptied == 1 and m.held() == 60
+
+
+def test_cuda_peaks_nest_without_losing_the_outer_ones():
+    cuda = FakeCuda()
+    m = meters.CudaMeter("cuda:0", cuda)
+    with m.peak() as outer:
+        cuda.alloc(500)
+        cuda.free(500)
+        cuda.empty_cache()
+        with m.peak() as inner:  # resets the device's counter: the outer peak keeps its 500
+            cuda.alloc(200)
+            cuda.free(200)
+        assert inner.nbytes == 200
+    assert outer.nbytes == 500
+
+
+def test_meter_for_picks_by_device_and_names_what_is_supported():
+    assert isinstance(meters.meter_for(torch.nn.Linear(2, 2)), meters.ProcessMeter)
+    with pytest.raises(ValueError, match="this model is on meta"):
+        meters.meter_for(torch.nn.Linear(2, 2).to("meta"))
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to("meta"))
+    with pytest.raises(ValueError, match="one device"):
+        meters.meter_for(mixed)
+
+
+def mse(m, b):
+    return m(b).pow(2).mean()
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 64))
+
+
+def test_limit_free_plans_for_what_the_machine_has(monkeypatch):
+    monkeypatch.setattr(meters.ProcessMeter, "capacity",
+                        lambda self: meters.resident.rss() + 2048 * MiB)
+    step = act.Step(small_model(), limit="free", loss_fn=mse)
+    step(torch.randn(32, 64))
+    assert step.limit == "free"
+    assert abs(step.stats.limit - (meters.resident.rss() + 2048 * MiB)) < 256 * MiB
+
+
+def test_a_limit_above_what_there_is_warns_and_is_planned_as_it(monkeypatch):
+    monkeypatch.setattr(meters.ProcessMeter, "capacity",
+                        lambda self: meters.resident.rss() + 1024 * MiB)
+    step = act.Step(small_model(), limit=1 << 40, loss_fn=mse)
+    with pytest.warns(RuntimeWarning, match="above what cpu has"):
+        step(torch.randn(32, 64))
+    assert step.stats.limit < 1 << 40
+
+
+def test_limit_free_where_nothing_says_how_much_is_refused(monkeypatch):
+    monkeypatch.setattr(meters.ProcessMeter, "capacity", lambda self: None)
+    with pytest.raises(ValueError, match="limit='free'"):
+        act.Step(small_model(), limit="free", loss_fn=mse)(torch.randn(8, 64))
+
+
+def test_a_cuda_probe_starts_from_an_empty_cache():
+    # the reservation only grows while the cache is kept: a probe after a larger one would
+    # read the larger one's peak (recomputation would look like it saves nothing)
+    cuda = FakeCuda()
+    m = meters.CudaMeter("cuda:0", cuda)
+    cuda.alloc(900)
+    cuda.free(900)
+    for fresh in (False, True):
+        m.start_probe(fresh)
+        with m.peak() as p:
+            cuda.alloc(300)
+            cuda.free(300)
+        assert p.nbytes == 300
+    assert cuda.emptied == 2
+
+
+class RecordingMeter(meters.ProcessMeter):
+    def __init__(self):
+        self.calls = []
+
+    def start_probe(self, fresh):
+        self.calls.append(("start", fresh))
+        super().start_probe(fresh)
+
+    def synchronize(self):
+        self.calls.append(("sync",))
+
+
+def test_every_probe_starts_and_ends_through_the_meter():
+    from actcodec.torch.limit import step_profile
+    model = small_model()
+    params = list(model.parameters())
+    meter = RecordingMeter()
+    x = torch.randn(16, 64)
+    step_profile.probe(lambda n: mse(model, x[:n]), params, 4, meter=meter)
+    step_profile.probe(lambda n: mse(model, x[:n]), params, 8, fresh=True, meter=meter)
+    assert meter.calls == [("start", False), ("sync",), ("start", True), ("sync",)]

@@ -1,0 +1,62 @@
+"""act.Step on a CUDA device (skipped without one): every step's peak reserved memory under
+the limit, probes included, exact gradients; limit="free"; a limit above the device's memory
+warns. The device-independent parts (the meter's interface, the offload's bookkeeping) are
+tested on the CPU in test_meter.py and test_offload.py."""
+import pytest
+import torch
+
+import actcodec.torch as act
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+MiB = 1 << 20
+
+
+def gpt2():
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    return tf.GPT2LMHeadModel(cfg).cuda().train()
+
+
+def flat_grad(m):
+    return torch.cat([p.grad.flatten() for p in m.parameters()])
+
+
+def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
+    m = gpt2()
+    ids = torch.randint(0, 2048, (16, 512), device="cuda")
+    batch = {"input_ids": ids, "labels": ids}
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    floor = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    m(**batch).loss.backward()
+    plain_peak = torch.cuda.max_memory_reserved()
+    plain = flat_grad(m).clone()
+    m.zero_grad(set_to_none=True)
+    limit = floor + plain.numel() * 4 + (plain_peak - floor) // 3
+    step = act.Step(m, limit=limit, exact=True)
+    for _ in range(3):
+        torch.cuda.empty_cache()
+        step(batch)
+        assert step.stats.peak <= limit, (step.stats, step.describe())
+        assert torch.cuda.memory_reserved() <= limit
+        cos = torch.nn.functional.cosine_similarity(flat_grad(m).double(), plain.double(),
+                                                    dim=0)
+        assert cos >= 0.99999, (float(cos), step.describe())
+        m.zero_grad(set_to_none=True)
+    assert step.plan.micro_batches > 1 or step.plan.recompute or step.plan.storage != "plain"
+
+
+def test_limit_free_and_a_limit_above_the_device():
+    m = gpt2()
+    ids = torch.randint(0, 2048, (4, 128), device="cuda")
+    step = act.Step(m, limit="free", exact=True)
+    step({"input_ids": ids, "labels": ids})
+    free, total = torch.cuda.mem_get_info()
+    assert step.stats.limit <= total
+    step.limit = total * 4
+    with pytest.warns(RuntimeWarning, match="above what cuda"):
+        step({"input_ids": ids, "labels": ids})
