@@ -1,0 +1,227 @@
+"""act.Step on a CUDA GPU: a limit on the device's reserved memory, beside plain training, torch
+checkpointing and offloading every save to pinned host memory (act.offload_saved), on the
+transformers GPT-2 and Llama layouts of bench/gpu.py (random init, dropout off, AdamW).
+Each configuration builds its model afresh in this process (the cache emptied and the
+counters reset between them) and runs `--steps` steps of the same batch; per step: the peak
+reserved memory, the step's time (optimizer step included), and for the first step the
+cosine of its gradient to plain's. Step runs exact, at half and a third of plain's peak
+reserved memory and at the smallest limit the third's run names.
+
+The peak is read from outside Step: Step resets the device's peak counter for its own
+readings, so here a thread samples `torch.cuda.memory_reserved()` every 0.5 ms and the step's
+end is read too (the caching allocator's reservation only falls when its cache is emptied,
+which Step does only between its probes); plain, checkpointing and offload read
+`max_memory_reserved()`.
+
+    python bench/gpu_step.py [--models gpt2,llama] [--steps 5]
+
+Writes docs/gpu/step.md and step.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import actcodec.torch as act
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "gpu"
+MiB = 1 << 20
+
+
+def layout(name: str):
+    import transformers as tf
+    tf.logging.set_verbosity_error()
+    if name == "gpt2":
+        cfg = tf.GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=8192, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)
+        return tf.GPT2LMHeadModel(cfg), (16, 1024), 8192
+    cfg = tf.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                         num_attention_heads=16, num_key_value_heads=16, vocab_size=32000)
+    return tf.LlamaForCausalLM(cfg), (8, 1024), 32000
+
+
+class Sampler:
+    """The device's reserved bytes, sampled every `period` seconds by a thread."""
+
+    def __init__(self, period: float = 0.0005):
+        self.period, self.peak = period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(self.period):
+            self.peak = max(self.peak, torch.cuda.memory_reserved())
+
+    def take(self) -> int:
+        peak, self.peak = max(self.peak, torch.cuda.memory_reserved()), 0
+        return peak
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def cosine(a: list, b: list) -> float:
+    dot = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b))
+    na = sum(float(x.double().pow(2).sum()) for x in a) ** 0.5
+    nb = sum(float(y.double().pow(2).sum()) for y in b) ** 0.5
+    return dot / (na * nb)
+
+
+def alternatives(step) -> dict:
+    """What the solver's model says of a few plans at this profile (seconds, peak MiB above
+    the floor): how it ranked micro-batches against recomputation."""
+    from actcodec.torch.limit import limit_plan
+    prof, got = step.profile, {}
+    plain = next(s for s in prof.storages if s.name == "plain")
+    every = tuple(range(len(prof.blocks)))
+    for m, rec in ((1, ()), (1, every), (2, every), (4, ()), (6, ()), (16, ())):
+        p = limit_plan.predict(prof, m, rec, plain, step._planning.measured, 1)
+        got[f"{m} mb, {len(rec)} recomputed"] = (round(p.seconds, 3), round(p.peak / MiB))
+    got["profile"] = repr(prof)
+    return got
+
+
+def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=None) -> dict:
+    dev = torch.device("cuda")
+    torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    m, shape, vocab = layout(name)
+    m = m.to(dev).train()
+    ids = torch.randint(0, vocab, shape, device=dev)
+    batch = {"input_ids": ids, "labels": ids}
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    if cfg == "checkpoint":
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    offload = act.offload_saved() if cfg == "offload" else None
+    step = act.Step(m, limit=limit, optimizer=opt, exact=True) if limit else None
+    out = {"config": cfg, "limit_MiB": None if limit is None else limit // MiB,
+           "peaks_MiB": [], "times_ms": []}
+    grads = None
+    with Sampler() as sampler:
+        for i in range(steps):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            sampler.take()
+            t0 = time.perf_counter()
+            try:
+                if step is not None:
+                    step(batch)
+                elif offload is not None:
+                    with offload:
+                        loss = m(**batch).loss
+                    loss.backward()
+                else:
+                    m(**batch).loss.backward()
+            except act.MemoryLimitError as exc:
+                out["refused"] = str(exc)
+                out["alternatives"] = alternatives(step) if step.profile else None
+                out["needed_MiB"] = None if exc.needed is None else -(-exc.needed // MiB)
+                break
+            if i == 0:
+                grads = [p.grad.detach().clone() for p in m.parameters()]
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            out["times_ms"].append(round((time.perf_counter() - t0) * 1e3, 1))
+            peak = sampler.take() if step is not None else torch.cuda.max_memory_reserved()
+            out["peaks_MiB"].append(round(peak / MiB))
+    if out["times_ms"]:
+        out["step_ms"] = statistics.median(out["times_ms"][1:] or out["times_ms"])
+        out["peak_MiB"] = max(out["peaks_MiB"])
+    if step is not None and step.profile is not None:
+        out["alternatives"] = alternatives(step)
+    if step is not None and out["times_ms"]:
+        out["within"] = all(p * MiB <= limit for p in out["peaks_MiB"])
+        out["plan"] = step.describe()
+        out["smallest_MiB"] = (step.smallest_limit() or 0) // MiB
+        out["step_stats_peak_MiB"] = step.stats.peak // MiB
+        step.close()
+    if offload is not None:
+        out["offloaded_MiB"] = offload.stats["bytes"] // MiB // steps
+        out["prefetched"], out["on_demand"] = offload.stats["prefetched"], \
+            offload.stats["on_demand"]
+    if plain_grads is not None and grads is not None:
+        out["cosine"] = round(cosine(grads, plain_grads), 7)
+    print(name, out, flush=True)
+    del m, opt, step, offload
+    return out, grads
+
+
+def layout_runs(name: str, steps: int) -> list:
+    plain, grads = run(name, "fp32", steps)
+    rows = [plain]
+    for cfg in ("checkpoint", "offload"):
+        rows.append(run(name, cfg, steps, plain_grads=grads)[0])
+    smallest = None
+    for div in (2, 3):
+        limit = plain["peak_MiB"] * MiB // div
+        r = run(name, f"limit 1/{div}", steps, limit, grads)[0]
+        rows.append(r)
+        smallest = r.get("smallest_MiB") or r.get("needed_MiB") or smallest
+    if smallest and smallest * MiB < plain["peak_MiB"] * MiB // 3:
+        rows.append(run(name, "limit smallest", steps, int(smallest * MiB * 1.02), grads)[0])
+    del grads
+    torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(res: dict) -> str:
+    lines = [f"# Step on a GPU: {res['gpu']}, torch {res['torch']}", "",
+             "Written by `python bench/gpu_step.py`; peaks are the device's reserved memory "
+             "read from outside Step, per step, AdamW's step included.", ""]
+    for name, rows in res["layouts"].items():
+        plain = rows[0]["step_ms"]
+        lines += [f"## {name}, batch {res['shapes'][name]}", "",
+                  "| config | limit MiB | every step's peak MiB | within | step ms | vs plain | "
+                  "cosine to plain | plan |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "refused" in r:
+                lines.append(f"| {r['config']} | {r['limit_MiB']} | refused: {r['refused']} "
+                             f"| | | | | |")
+                continue
+            within = {True: "yes", False: "NO", None: "-"}[r.get("within")]
+            lines.append(f"| {r['config']} | {r['limit_MiB'] or '-'} | "
+                         f"{', '.join(map(str, r['peaks_MiB']))} | {within} | {r['step_ms']} | "
+                         f"{r['step_ms'] / plain:.2f}x | {r.get('cosine', '-')} | "
+                         f"{r.get('plan', '-')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--out", default=str(DOCS / "step"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/gpu_step.py measures a CUDA GPU; none is available here")
+    names = args.models.split(",")
+    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "shapes": {n: "x".join(map(str, layout_shape(n))) for n in names},
+           "layouts": {}}
+    for n in names:
+        res["layouts"][n] = layout_runs(n, args.steps)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out + ".json").write_text(json.dumps(res, indent=1))
+        Path(args.out + ".md").write_text(markdown(res))
+    print(markdown(res))
+
+
+def layout_shape(name: str) -> tuple:
+    return (16, 1024) if name == "gpt2" else (8, 1024)
+
+
+if __name__ == "__main__":
+    main()
