@@ -18,6 +18,7 @@ cdef extern from "actcodec.h" nogil:
     int ac_store_release(ac_store *s, void *p)
     void ac_store_stats(ac_store *s, ac_store_usage *out)
     void ac_store_reset_peak(ac_store *s)
+    void ac_store_forget_plan(ac_store *s)
 
 
 cdef class Store:
@@ -64,6 +65,11 @@ cdef class Store:
     def reset_peak(self):
         """A step ends: give back the free pages beyond what its peak needed."""
         ac_store_reset_peak(self.s)
+
+    def forget_plan(self):
+        """A period ends with no plan for the next and no page given back: the next goes
+        first fit over the pages held (one larger than the last)."""
+        ac_store_forget_plan(self.s)
 
     @property
     def address(self):

@@ -49,3 +49,11 @@ def new_step(store: Store | None) -> None:
     Store.reset_peak)."""
     for s in {id(x): x for x in (store, *_DEFAULT) if x is not None}.values():
         s.reset_peak()
+
+
+def new_larger_step(store: Store | None) -> None:
+    """A step larger than the last begins (a micro-batch of more samples): `store` and the
+    process's store end a period without a plan, keeping their pages (Store.forget_plan):
+    the plan of the smaller step would place the larger one's requests above itself."""
+    for s in {id(x): x for x in (store, *_DEFAULT) if x is not None}.values():
+        s.forget_plan()

@@ -544,6 +544,19 @@ static void new_period(ac_store *s) {
     s->lost = 0;
 }
 
+void ac_store_forget_plan(ac_store *s) {
+    if (s == NULL) return;
+    lock(s);
+    free(s->plan);
+    free(s->taken);
+    s->plan = NULL;
+    s->taken = NULL;
+    s->nplan = s->plan_top = 0;
+    if (s->nregs) new_period(s);
+    s->peak_pages = s->used_pages;
+    unlock(s);
+}
+
 void ac_store_reset_peak(ac_store *s) {
     if (s == NULL) return;
     lock(s);

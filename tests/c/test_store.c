@@ -303,6 +303,37 @@ static void planned_step_tests(void) {
     ac_store_delete(s);
 }
 
+/* A larger period after a smaller one: with the plan forgotten it goes first fit over the
+ * pages held, none given back, and only what it adds is mapped anew. */
+static void forget_plan_tests(void) {
+    ac_store *s = ac_store_new(1u << 20);
+    unsigned char *small[3];
+    for (int step = 0; step < 2; step++) { /* two small periods: the second to its plan */
+        small[0] = ac_store_alloc(s, 8 * PAGE), small[1] = ac_store_alloc(s, 16 * PAGE);
+        ac_store_release(s, small[0]);
+        small[2] = ac_store_alloc(s, 8 * PAGE);
+        ac_store_release(s, small[1]);
+        ac_store_release(s, small[2]);
+        ac_store_reset_peak(s);
+    }
+    size_t before = usage(s).mapped_bytes;
+    ac_store_forget_plan(s);
+    report(usage(s).mapped_bytes == before, "forgetting the plan keeps the pages (%zu)",
+           usage(s).mapped_bytes / PAGE);
+    unsigned char *p = ac_store_alloc(s, 10 * PAGE), *q = ac_store_alloc(s, 20 * PAGE);
+    memset(p, 1, 10 * PAGE);
+    memset(q, 2, 20 * PAGE);
+    ac_store_release(s, p);
+    unsigned char *r = ac_store_alloc(s, 10 * PAGE);
+    memset(r, 3, 10 * PAGE);
+    report(usage(s).mapped_bytes <= 30 * PAGE,
+           "the larger period goes first fit over them (%zu pages mapped for a peak of 30)",
+           usage(s).mapped_bytes / PAGE);
+    ac_store_release(s, q);
+    ac_store_release(s, r);
+    ac_store_delete(s);
+}
+
 /* Random alloc / shrink / release against a list of live blocks, each holding its pattern. */
 static void random_tests(size_t grow, int ops) {
     ac_store *s = ac_store_new(grow);
@@ -416,6 +447,7 @@ int main(void) {
     reset_tests();
     plan_tests();
     planned_step_tests();
+    forget_plan_tests();
     random_tests(1u << 20, 20000);
     random_tests(16u << 20, 5000);
     thread_tests();

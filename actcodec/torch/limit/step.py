@@ -511,9 +511,9 @@ class Step:
                 # planned from the one before, which fits a micro-batch as large or smaller
                 # (largest first: mb.slices); a larger one (the first of a step after the
                 # uneven last of the one before) starts without a plan, first fit over the
-                # free pages, instead of around the plan of the smaller one
+                # pages held, instead of around the plan of the smaller one
                 if stop - start > self._period_samples:
-                    _release_kept_pages(meter)
+                    stores.new_larger_step(None)
                 else:
                     stores.new_step(None)
                 self._period_samples = stop - start
