@@ -145,3 +145,35 @@ def test_the_limits_demo_trains_within_each_limit_it_accepts(tmp_path):
         for r in long_runs[2:]:  # planned along the sequence: run within it, or refused
             assert r.get("within") or r.get("needed"), r
         assert "## One long sample per step" in (tmp_path / "demo.md").read_text()
+
+
+def test_a_refused_try_at_the_named_smallest_shows_in_the_row_that_ran(monkeypatch, tmp_path):
+    """The long case's search: the 1/2 run names a limit, a fresh first step refuses it and
+    names more, the next try runs. The table has a row per limit that ran (the refused try
+    in its plan column); a try refused with nothing after it stays a row of its own."""
+    from actcodec.apps import demo_long
+
+    MiB = 1 << 20
+
+    def ran(config, limit=None, smallest=None):
+        return {"config": config, "limit": limit, "step_peaks": [1], "peak": 1, "step_s": 1.0,
+                "plan": "p" if limit else None, "within": True if limit else None,
+                "smallest": smallest, "floor": 100 * MiB}
+
+    answers = {"fp32": ran("fp32"), "checkpoint": ran("checkpoint")}
+    answers["fp32"]["peak"] = 1000 * MiB
+    answers["limit=550MiB"] = ran("limit=550MiB", 550 * MiB, smallest=300 * MiB)
+    answers["limit=322MiB"] = {"config": "limit=322MiB", "limit": 322 * MiB,
+                               "error": "no plan fits", "needed": 330 * MiB}
+    answers["limit=352MiB"] = ran("limit=352MiB", 352 * MiB)
+    monkeypatch.setattr(demo_long, "available", lambda: True)
+    monkeypatch.setattr(demo_long, "_worker", lambda config, s, tmp: answers[config])
+    rows = demo_long.parent({"layers": 1, "width": 8, "vocab": 16, "tokens": 8}, str(tmp_path))
+    assert [r["config"] for r in rows] == ["fp32", "checkpoint", "limit=550MiB", "limit=352MiB"]
+    assert "first tried at 322 MiB" in rows[-1]["searched"]
+    assert "| refused:" not in demo_long.format_table(rows)
+    del answers["limit=352MiB"]
+    answers["limit=352MiB"] = {"config": "limit=352MiB", "limit": 352 * MiB,
+                               "error": "no plan fits", "needed": 400 * MiB}
+    rows = demo_long.parent({"layers": 1, "width": 8, "vocab": 16, "tokens": 8}, str(tmp_path))
+    assert [r["config"] for r in rows][2:] == ["limit=550MiB", "limit=322MiB", "limit=352MiB"]

@@ -142,13 +142,20 @@ def parent(s: dict, out: str) -> int:
         accepted = [r["limit"] for r in results if r.get("limit") and "error" not in r]
         if least is not None and (not accepted or least < min(accepted)):
             r = show(_worker(f"limit={least // MiB}MiB", s, tmp))
-            results.append(r)
             # a fresh process's first step plans from its probes alone, more cautiously
-            # than the runs that named the limit: where it refuses, once more at what it names
+            # than the runs that named the limit: where it refuses, once more at what it
+            # names (the table shows the limit that ran, the refused try in its plan column)
             if "error" in r and r.get("needed"):
                 again = int(r["needed"] * ABOVE_NAMED) + ABOVE_NAMED_BYTES
                 if not accepted or again < min(accepted):
-                    results.append(show(_worker(f"limit={again // MiB}MiB", s, tmp)))
+                    retry = show(_worker(f"limit={again // MiB}MiB", s, tmp))
+                    if "error" not in retry:
+                        retry["searched"] = limits_process.searched(r)
+                        r = retry
+                    else:
+                        results.append(r)
+                        r = retry
+            results.append(r)
         results.append(show(_worker(f"limit={TOO_SMALL}", s, tmp)))
         long_settings = {**(demo_long.QUICK if s["quick"] else demo_long.FULL),
                          "threads": s["threads"]}
@@ -187,7 +194,8 @@ def format_table(results: list, plain: dict) -> str:
         within = "-" if r["within"] is None else ("yes" if r["within"] else "NO")
         lines.append(f"| {_name(r)} | {', '.join(str(p // MiB) for p in r['step_peaks'])} | "
                      f"{within} | {r['step_s']:.2f} | {r['step_s'] / plain['step_s']:.2f}x | "
-                     f"{r['test_loss']:.3f} | {r['plan'] or '-'} |")
+                     f"{r['test_loss']:.3f} | {r['plan'] or '-'}"
+                     f"{' (' + r['searched'] + ')' if r.get('searched') else ''} |")
     return "\n".join(lines)
 
 

@@ -134,15 +134,22 @@ def parent(s: dict, tmp: str) -> list:
     r = show(_worker(f"limit={half // MiB}MiB", s, tmp))
     results.append(r)
     named = r.get("smallest") or r.get("needed")
+    refused = None  # the last try a fresh first step refused, not yet in the table
     for _ in range(2):  # where a fresh first step refuses what the 1/2 run named: once more
         least = int(named * ABOVE_NAMED) + ABOVE_NAMED_BYTES if named else half
         if least >= half:
             break
         r = show(_worker(f"limit={least // MiB}MiB", s, tmp))
-        results.append(r)
         if "error" not in r:
+            if refused is not None:  # the table shows the limit that ran, the try in it
+                r["searched"], refused = limits_process.searched(refused), None
+            results.append(r)
             break
-        named = r.get("needed")
+        if refused is not None:
+            results.append(refused)
+        refused, named = r, r.get("needed")
+    if refused is not None:
+        results.append(refused)
     return results
 
 
@@ -158,5 +165,6 @@ def format_table(results: list) -> str:
         within = "-" if r["within"] is None else ("yes" if r["within"] else "NO")
         lines.append(f"| {name} | {', '.join(str(p // MiB) for p in r['step_peaks'])} | "
                      f"{within} | {r['step_s']:.2f} | {r['step_s'] / plain['step_s']:.2f}x | "
-                     f"{r['plan'] or '-'} |")
+                     f"{r['plan'] or '-'}"
+                     f"{' (' + r['searched'] + ')' if r.get('searched') else ''} |")
     return "\n".join(lines)

@@ -31,3 +31,10 @@ def summary(config: str, step, peaks: list, times: list, losses: list) -> dict:
             "plan": None if step is None else step.describe(),
             "smallest": None if step is None else step.smallest_limit(),
             "within": None if step is None else all(p <= step.limit for p in peaks)}
+
+
+def searched(refused: dict) -> str:
+    """What a refused try at a smaller limit said, for the row of the limit that ran after it."""
+    mib = 1 << 20
+    return (f"first tried at {refused['limit'] / mib:.0f} MiB: a fresh first step refused it, "
+            f"naming {-(-refused['needed'] // mib)} MiB")
