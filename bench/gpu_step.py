@@ -32,6 +32,7 @@ import actcodec.torch as act
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "gpu"
 MiB = 1 << 20
+SHAPES = {"gpt2": (16, 1024), "llama": (8, 1024)}  # batch x tokens
 
 
 def layout(name: str):
@@ -40,10 +41,10 @@ def layout(name: str):
     if name == "gpt2":
         cfg = tf.GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=8192, resid_pdrop=0.0,
                             embd_pdrop=0.0, attn_pdrop=0.0)
-        return tf.GPT2LMHeadModel(cfg), (16, 1024), 8192
+        return tf.GPT2LMHeadModel(cfg), SHAPES[name], 8192
     cfg = tf.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
                          num_attention_heads=16, num_key_value_heads=16, vocab_size=32000)
-    return tf.LlamaForCausalLM(cfg), (8, 1024), 32000
+    return tf.LlamaForCausalLM(cfg), SHAPES[name], 32000
 
 
 class Sampler:
@@ -209,7 +210,7 @@ def main():
         raise SystemExit("bench/gpu_step.py measures a CUDA GPU; none is available here")
     names = args.models.split(",")
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "shapes": {n: "x".join(map(str, layout_shape(n))) for n in names},
+           "shapes": {n: "x".join(map(str, SHAPES[n])) for n in names},
            "layouts": {}}
     for n in names:
         res["layouts"][n] = layout_runs(n, args.steps)
@@ -217,10 +218,6 @@ def main():
         Path(args.out + ".json").write_text(json.dumps(res, indent=1))
         Path(args.out + ".md").write_text(markdown(res))
     print(markdown(res))
-
-
-def layout_shape(name: str) -> tuple:
-    return (16, 1024) if name == "gpt2" else (8, 1024)
 
 
 if __name__ == "__main__":

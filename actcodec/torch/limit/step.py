@@ -607,12 +607,6 @@ def _room_for_the_optimizer(meter, optimizer, limit: int) -> None:
             meter.trim()
 
 
-def _release_kept_pages(meter=None) -> None:
-    """The store's free pages back to the system (on a device, its cache): the store keeps
-    the pages of the step before for one period, so two periods end here."""
-    (meter or meters.ProcessMeter()).give_back()
-
-
 def _parse_limit(value):
     """bytes, a string such as "1GiB", None, or "free" (kept as it is: resolved per step)."""
     if isinstance(value, str) and value.strip().lower() == "free":
