@@ -165,3 +165,10 @@ def test_every_probe_starts_and_ends_through_the_meter():
     step_profile.probe(lambda n: mse(model, x[:n]), params, 4, meter=meter)
     step_profile.probe(lambda n: mse(model, x[:n]), params, 8, fresh=True, meter=meter)
     assert meter.calls == [("start", False), ("sync",), ("start", True), ("sync",)]
+
+
+def test_meters_of_one_cuda_device_share_its_peak_reader():
+    # the device's counter is the process's: two readers would erase each other's peaks
+    a, b = meters.CudaMeter("cuda:0"), meters.CudaMeter("cuda:0")
+    assert a.counter is b.counter
+    assert meters.CudaMeter("cuda:1").counter is not a.counter

@@ -8,7 +8,7 @@ nn = torch.nn
 
 import actcodec.torch as act  # noqa: E402
 from actcodec import resident  # noqa: E402
-from actcodec.torch.limit import optimizer_state, step_profile  # noqa: E402
+from actcodec.torch.limit import optimizer_state  # noqa: E402
 
 MiB = 2**20
 
@@ -56,7 +56,7 @@ def test_a_limit_the_optimizer_step_would_cross_is_refused():
     opt.zero_grad(set_to_none=True)
     grads, temporaries = optimizer_state.step_parts(opt)
     assert temporaries >= 2 * 128 * MiB
-    floor = step_profile.floor()
+    floor = resident.live()
     training = step._planning.needed(floor)  # what the measured step alone asks for
     tight = training + 32 * MiB
     assert tight < floor + grads + temporaries, (tight - floor) / MiB

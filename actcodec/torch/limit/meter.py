@@ -24,6 +24,8 @@ CPU and CUDA gets a ValueError naming what is supported.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ... import resident
@@ -69,6 +71,12 @@ class ProcessMeter:
         return most
 
 
+# One peak reader per CUDA device, as resident has one for the process: the device's peak
+# counter is global, and a reset by one reader would erase what another's open peaks saw.
+_COUNTERS: dict = {}
+_COUNTERS_LOCK = threading.Lock()
+
+
 class CudaMeter:
     """A CUDA device's memory as PyTorch's caching allocator reserves it. `cuda`: the module
     whose counters it reads (torch.cuda; a stand-in in tests)."""
@@ -76,7 +84,12 @@ class CudaMeter:
     def __init__(self, device, cuda=None):
         self.device = torch.device(device)
         self.cuda = cuda if cuda is not None else torch.cuda
-        self.counter = resident.PeakCounter(self._max_reserved, self._reset)
+        if cuda is None:  # the device's counter is the process's: one reader for it
+            with _COUNTERS_LOCK:
+                self.counter = _COUNTERS.setdefault(
+                    self.device, resident.PeakCounter(self._max_reserved, self._reset))
+        else:
+            self.counter = resident.PeakCounter(self._max_reserved, self._reset)
 
     def _max_reserved(self) -> int:
         return self.cuda.max_memory_reserved(self.device)

@@ -159,7 +159,6 @@ class Step:
         self.ghost_batchnorm, self.batch_size, self.scaler = ghost_batchnorm, batch_size, scaler
         self._lock = threading.Lock()
         self._limit = _parse_limit(limit)
-        self._meters: dict = {}  # by device: the memory a limit there is on (meter.py)
         self._over_capacity = None  # the last limit warned as above what the device has
         self._lowered = False
         self.plan = None if plan is None else (
@@ -327,13 +326,11 @@ class Step:
         device no meter covers is a ValueError; else (no limit: only the stats read it) the
         process's."""
         try:
-            found = meters.meter_for(self.model)
+            return meters.meter_for(self.model)
         except ValueError:
             if strict:
                 raise
-            found = meters.ProcessMeter()
-        key = str(found.device)
-        return self._meters.setdefault(key, found)
+            return meters.ProcessMeter()
 
     def _within_capacity(self, limit, meter) -> int:
         """The limit this step plans for: "free" is what the device has now; a limit above

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from ... import choice, resident
+from ... import choice
 from . import blocks as blocks_mod
 from . import limit_plan
 from . import meter as meters
@@ -24,13 +24,6 @@ from ..codecs.backend import decode, encode
 MIN_BYTES = 4096  # saves smaller than this stay as they are under every storage
 LOSSY = {"8bit": (8, 256), "4bit": (4, 256), "2bit": (2, 64)}  # Policy presets' bits, groups
 OFF_DEVICE = ("paged", "offload")  # storages that hold nothing where the step runs
-
-
-def floor() -> int:
-    """The process's floor now: its resident bytes less what the allocators hold free (the
-    activation store's kept pages, glibc's free chunks), which the next step reuses before it
-    asks the system for more (actcodec.resident.live)."""
-    return resident.live()
 
 
 class Probe:
