@@ -48,6 +48,18 @@ class FakeCuda:
     def current_device(self):
         return 0
 
+    def get_device_properties(self, device):
+        return type("Props", (), {"total_memory": self.total})()
+
+    fraction = 1.0
+
+    def get_per_process_memory_fraction(self, device):
+        return self.fraction
+
+    def set_per_process_memory_fraction(self, fraction, device):
+        assert isinstance(fraction, float) and 0 <= fraction <= 1
+        self.fraction = fraction
+
 
 def test_the_process_meter_reads_rss_and_its_peak():
     m = meters.ProcessMeter()
@@ -172,3 +184,47 @@ def test_meters_of_one_cuda_device_share_its_peak_reader():
     a, b = meters.CudaMeter("cuda:0"), meters.CudaMeter("cuda:0")
     assert a.counter is b.counter
     assert meters.CudaMeter("cuda:1").counter is not a.counter
+
+
+def test_the_cuda_meter_keeps_the_allocator_to_the_limit_while_capped():
+    # the caching allocator's own cap: a block that does not fit what is cached frees the
+    # cache and retries before reserving past the limit (fragments would otherwise grow it)
+    cuda = FakeCuda(total=8 << 30)
+    m = meters.CudaMeter("cuda:0", cuda)
+    with m.capped(2 << 30):
+        assert cuda.fraction == 0.25
+    assert cuda.fraction == 1.0
+    cuda.fraction = 0.5  # the user's own cap stays the tighter one, and comes back after
+    with pytest.raises(RuntimeError, match="inside"):
+        with m.capped(6 << 30):
+            assert cuda.fraction == 0.5
+            raise RuntimeError("inside")
+    assert cuda.fraction == 0.5
+
+
+class ColdMeter(RecordingMeter):
+    cold_probes = True
+
+
+def test_a_probe_from_a_cold_cache_is_timed_again_without_counting():
+    from actcodec.torch.limit import step_profile
+    model = small_model()
+    params = list(model.parameters())
+    meter = ColdMeter()
+    x = torch.randn(16, 64)
+    counted = step_profile.probe(lambda n: mse(model, x[:n]), params, 4, meter=meter)
+    # one start (the counted run's), its sync, then the timed run's sync
+    assert meter.calls == [("start", False), ("sync",), ("sync",)]
+    assert counted.peak >= 0 and counted.surveys and counted.seconds > 0
+
+
+def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatch):
+    step = act.Step(small_model(), limit="4GiB", loss_fn=mse)
+
+    def out_of_memory(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
+
+    monkeypatch.setattr(step, "_within", out_of_memory)
+    with pytest.raises(act.MemoryLimitError, match="caching allocator was kept") as info:
+        step(torch.randn(8, 64))
+    assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)

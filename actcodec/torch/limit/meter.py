@@ -13,6 +13,10 @@ on a GPU), so that a Step, its probes and its solver work the same on both.
 - `start_probe(fresh)`: before a probe of the step's profile: the process's store ends a
   period (and, fresh, gives its kept pages back); a CUDA cache is always emptied, since the
   reservation only grows while it is kept and a probe would measure the probes before it.
+- `capped(limit)`: a context in which the allocator itself keeps what is held under the
+  limit (CUDA: the caching allocator's memory fraction; nothing on the CPU).
+- `cold_probes`: whether a probe's allocations are served otherwise than a step's (CUDA's
+  emptied cache), so that its seconds are taken from a second run.
 - `synchronize()`: waits for the device's queued work (CUDA runs asynchronously; a probe's
   seconds must be its work's, not its launches').
 - `capacity()`: the most `held()` could reach now (what is held and what is free:
@@ -24,6 +28,7 @@ CPU and CUDA gets a ValueError naming what is supported.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -36,6 +41,10 @@ class ProcessMeter:
     """The process's resident memory (a model on the CPU)."""
 
     device = torch.device("cpu")
+    cold_probes = False  # a probe's allocations are served as a step's are
+
+    def capped(self, limit: int):
+        return contextlib.nullcontext()
 
     def held(self) -> int:
         return resident.rss()
@@ -81,6 +90,10 @@ class CudaMeter:
     """A CUDA device's memory as PyTorch's caching allocator reserves it. `cuda`: the module
     whose counters it reads (torch.cuda; a stand-in in tests)."""
 
+    # a probe starts from an emptied cache (see start_probe): its allocations go to the
+    # driver, a step's come from the cache, so a probe's seconds are not a step's
+    cold_probes = True
+
     def __init__(self, device, cuda=None):
         self.device = torch.device(device)
         self.cuda = cuda if cuda is not None else torch.cuda
@@ -118,6 +131,21 @@ class CudaMeter:
 
     def synchronize(self) -> None:
         self.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def capped(self, limit: int):
+        """The caching allocator itself kept to `limit` reserved bytes: where a block does not
+        fit the blocks cached (fragments of earlier sizes), it frees what is cached and
+        tries again before it reserves beyond the limit, where it would otherwise reserve
+        more. What live tensors truly need beyond it is an out-of-memory error."""
+        total = self.cuda.get_device_properties(self.device).total_memory
+        before = self.cuda.get_per_process_memory_fraction(self.device)
+        self.cuda.set_per_process_memory_fraction(min(before, max(0.0, limit / total)),
+                                                  self.device)
+        try:
+            yield
+        finally:
+            self.cuda.set_per_process_memory_fraction(before, self.device)
 
     def capacity(self) -> int:
         free, _total = self.cuda.mem_get_info(self.device)

@@ -278,6 +278,22 @@ class Step:
             if self.allocator and isinstance(meter, meters.ProcessMeter):
                 allocators.ensure()  # before the floor: its first install trims the heap
             _give_back_free(meter, limit)
+            try:
+                with meter.capped(limit):
+                    return self._within(batch, size, limit, lowered, meter)
+            except torch.cuda.OutOfMemoryError as exc:
+                plan = self.plan
+                if plan is not None and self._planning.profile is not None:
+                    # judged by what it tried to hold: it no longer fits this limit
+                    self._planning.learn(plan, limit)
+                raise MemoryLimitError(
+                    f"the step needed more than the limit of {limit / MiB:.0f} MiB on "
+                    f"{meter.device} (the caching allocator was kept to it); .grad is as "
+                    f"it was, and the next step plans with what this one measured") from exc
+        return self._within(batch, size, limit, lowered, meter)
+
+    def _within(self, batch, size, limit, lowered, meter):
+        """The step, its probes and plan under `limit` (None: plain, through the same path)."""
         seconds = {}
         batch = _no_cache(self.model, batch)
         loss_fn = self._loss_fn(batch, limit)
