@@ -8,6 +8,7 @@ saves, their seconds from encoding a tensor of the same kind.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -88,6 +89,20 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
     out.seconds = time.perf_counter() - t0
     out.peak = max(0, peak.nbytes - base)
     out.surveys = [(n, int(nnz), e) for n, nnz, e in out.surveys]  # read after the clock
+    if meter.cold_probes:
+        # the probe started from an emptied cache, so that its peak is its own: each of its
+        # allocations went to the device's driver, which a step's do not. Its seconds come
+        # from the same work run again on the cache it left, without the counting hook
+        timing = blocks_mod.Running(recompute, profile=True)
+        timing.sync = meter.synchronize
+        t0 = time.perf_counter()
+        with blocks_mod.running(timing), storage if not counting else contextlib.nullcontext():
+            loss = run_loss(samples)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            del grads, loss
+            meter.synchronize()
+        out.seconds = time.perf_counter() - t0
+        out.state.seconds, out.state.local_seconds = timing.seconds, timing.local_seconds
     return out
 
 
@@ -192,12 +207,12 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             one = counted(k)
         if every and not beyond:  # every block recomputed: how much of a cut in what is
             lean = counted(k, every)  # held the peak sees
-        lean_two = None  # along a sequence: backward's per-token cost, from a second length
-        if not twice and every and not beyond and two.samples > k and (
+        lean_two = None  # what recomputing every block holds per sample, from a second size
+        if every and not beyond and two.samples > k and (
                 room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
             lean_two = counted(two.samples, every)
         bare = []  # everything paged out: what the step needs whatever it holds
-        if lean_two is not None and room is not None and lean_two.peak + (batch - two.samples) \
+        if not twice and lean_two is not None and room is not None and lean_two.peak + (batch - two.samples) \
                 * max(0.0, lean_two.peak - lean.peak) / (two.samples - k) <= room:
             paged = None  # recomputation fits: paging is not needed (nor offered)
             storages = tuple(name for name in storages if name not in OFF_DEVICE)
@@ -256,7 +271,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     effect = 1.0
     if found and not beyond:
         cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
-        if cut > 0:
+        if cut > 0 and lean_two is not None:
+            # from the slopes: what a probe holds that does not grow with it differs between
+            # the two (the plain probe peaks as backward starts, the lean one where the
+            # gradients have built up), and would count as a cut that is not
+            lean_slope = per_sample(lean.peak, lean_two.peak)
+            effect = min(1.0, max(0.1, (slope - lean_slope) / cut))
+        elif cut > 0:
             effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
     flat = None
     if not twice and beyond:  # along a sequence, what a quarter of it holds beyond the
