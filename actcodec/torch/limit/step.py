@@ -56,10 +56,12 @@ from .planning import SAFETY, SAFETY_BYTES, SWITCH_GAIN, UNBOUNDED  # noqa: F401
 MiB = 1 << 20
 LOSSY_BITS = (8, 4, 2)
 # The chunked loss's chunk under a limit: this many bytes of float32 logits (128 tokens at a
-# 32k vocabulary). Its two chunk buffers are part of the forward's peak, which a tight limit
-# leaves little room for; a quarter of the standalone default costs about 1.1x the loss's
-# own time (docs/CHUNKED_LOSS.md).
-STEP_CHUNK_LOGITS_BYTES = 16 << 20
+# 32k vocabulary), or a share of a larger limit up to the standalone default. Its two chunk
+# buffers are part of the forward's peak, which a tight limit leaves little room for; a
+# quarter of the standalone default costs about 1.1x the loss's own time
+# (docs/CHUNKED_LOSS.md), and on a GPU each chunk's kernels must be long enough to hide
+# their launches.
+STEP_CHUNK_LOGITS_BYTES, STEP_CHUNK_LIMIT_SHARE = 16 << 20, 1 / 128
 
 
 class MemoryLimitError(MemoryError):
@@ -382,7 +384,9 @@ class Step:
                 not causal_lm.covers(self.model):
             return None
         vocab = self.model.get_output_embeddings().out_features
-        return chunked_loss.default_chunk_tokens(vocab, STEP_CHUNK_LOGITS_BYTES)
+        logits = min(max(STEP_CHUNK_LOGITS_BYTES, int(limit * STEP_CHUNK_LIMIT_SHARE)),
+                     chunked_loss.CHUNK_LOGITS_BYTES)
+        return chunked_loss.default_chunk_tokens(vocab, logits)
 
     def _loss_buffers(self, batch, limit) -> int:
         """The chunked loss's two float32 chunk x vocabulary buffers (0 where it does not
