@@ -175,6 +175,10 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     if first is not None:
         k = max(1, min(batch, first))
     every = tuple(range(len(blocks)))
+    # where each probe starts from nothing kept (along a sequence; a device whose cache is
+    # emptied per probe), two sizes give slopes; on the CPU a probe run twice reuses the
+    # pages its first run kept, and a slope between two such peaks is not one
+    slopes = first is not None or (meter is not None and meter.cold_probes)
     beyond = False  # a probe went past the room: no larger one runs (see below)
     twice = first is None
     # what a probe's peak holds that does not grow with it: samples, nothing assumed; along a
@@ -208,7 +212,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if every and not beyond:  # every block recomputed: how much of a cut in what is
             lean = counted(k, every)  # held the peak sees
         lean_two = None  # what recomputing every block holds per sample, from a second size
-        if every and not beyond and two.samples > k and (
+        if slopes and every and not beyond and two.samples > k and (
                 room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
             lean_two = counted(two.samples, every)
         bare = []  # everything paged out: what the step needs whatever it holds
