@@ -259,27 +259,15 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     # not added to (limit/accumulate.py)
     grads = sum(p.numel() * p.element_size() for p in params)
     fixed = max(0.0, one.peak - slope * k)
-    # Seconds per sample: what a sample adds from k samples to 2k. The rest of a probe's
-    # time is per call (launches, the device wait around each block's clock, the hooks;
-    # per_micro_batch counts it once per micro-batch); a small probe on a GPU is mostly
-    # that. Where the two sizes do not tell (noise), the mean per sample, an upper bound.
-    def marginal(a: float, b: float) -> float:
-        return (b - a) / (n - k) if n > k and b > a else b / n
-
-    seconds = marginal(one.seconds, two.seconds)
-    blocks_one, blocks_two = sum(one.state.seconds.values()), sum(two.state.seconds.values())
-    # each block's forward as its share of what the blocks' forwards add per sample
-    block_scale = marginal(blocks_one, blocks_two) * n / blocks_two if blocks_two > 0 else 1.0
     found = [limit_plan.Block(saved=saved.get(i, 0.0),
                               inputs=per_sample(one.state.inputs.get(i, 0),
                                                 two.state.inputs.get(i, 0)),
-                              forward=two.state.seconds.get(i, 0.0) / n * block_scale,
+                              forward=two.state.seconds.get(i, 0.0) / n,
                               local=min(saved.get(i, 0.0), per_sample(
                                   one.local.get(i, 0), two.local.get(i, 0))),
                               local_inputs=per_sample(one.state.local_inputs.get(i, 0),
                                                       two.state.local_inputs.get(i, 0)),
-                              local_forward=two.state.local_seconds.get(i, 0.0) / n
-                              * block_scale)
+                              local_forward=two.state.local_seconds.get(i, 0.0) / n)
              for i in every]
     # t(n) = overhead + n * per sample: two sizes give the overhead a micro-batch adds
     per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
@@ -341,7 +329,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                                        extra=extra))
     return limit_plan.Profile(batch=batch, fixed=fixed, work=work,
                               rest=saved.get(None, 0.0), blocks=tuple(found),
-                              seconds=seconds, per_micro_batch=per_micro_batch,
+                              seconds=two.seconds / n, per_micro_batch=per_micro_batch,
                               storages=tuple(made), split=split, effect=effect,
                               least=least, grads=grads, flat=flat)
 
