@@ -5,7 +5,10 @@ Each configuration builds its model afresh in this process (the cache emptied an
 counters reset between them) and runs `--steps` steps of the same batch; per step: the peak
 reserved memory, the step's time (optimizer step included), and for the first step the
 cosine of its gradient to plain's. Step runs exact, at half and a third of plain's peak
-reserved memory and at the smallest limit the third's run names.
+reserved memory and at the smallest limit the third's run names; and pinned to checkpointing's
+plan (every block recomputed, one micro-batch), with its chunked loss and with the model's
+whole one, so that what Step's own step costs beside checkpointing's shows apart from its
+plan.
 
 The peak is read from outside Step: Step resets the device's peak counter for its own
 readings, so here a thread samples `torch.cuda.memory_reserved()` every 0.5 ms and the step's
@@ -106,6 +109,11 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
         m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     offload = act.offload_saved() if cfg == "offload" else None
     step = act.Step(m, limit=limit, optimizer=opt, exact=True) if limit else None
+    if cfg.startswith("Step as checkpointing"):  # where Step's own time goes, at its plan
+        from actcodec.torch.limit import limit_plan
+        every = limit_plan.Plan(1, tuple(range(m.config.num_hidden_layers)))
+        step = act.Step(m, limit="free", optimizer=opt, plan=every,
+                        chunk_loss="whole loss" not in cfg)
     out = {"config": cfg, "limit_MiB": None if limit is None else limit // MiB,
            "peaks_MiB": [], "times_ms": []}
     grads = None
@@ -142,11 +150,13 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
         out["peak_MiB"] = max(out["peaks_MiB"])
     if step is not None and step.profile is not None:
         out["alternatives"] = alternatives(step)
-    if step is not None and out["times_ms"]:
+    if step is not None and out["times_ms"] and limit is not None:
         out["within"] = all(p * MiB <= limit for p in out["peaks_MiB"])
         out["plan"] = step.describe()
         out["smallest_MiB"] = (step.smallest_limit() or 0) // MiB
         out["step_stats_peak_MiB"] = step.stats.peak // MiB
+    if step is not None:
+        out.setdefault("plan", step.describe())
         step.close()
     if offload is not None:
         out["offloaded_MiB"] = offload.stats["bytes"] // MiB // steps
@@ -162,7 +172,8 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
 def layout_runs(name: str, steps: int) -> list:
     plain, grads = run(name, "fp32", steps)
     rows = [plain]
-    for cfg in ("checkpoint", "offload"):
+    for cfg in ("checkpoint", "Step as checkpointing", "Step as checkpointing, whole loss",
+                "offload"):
         rows.append(run(name, cfg, steps, plain_grads=grads)[0])
     smallest = None
     for div in (2, 3):
