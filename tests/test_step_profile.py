@@ -97,3 +97,50 @@ def test_no_probe_follows_one_that_went_past_the_room(monkeypatch):
                                    paged=Budgeted(), budgeted=Budgeted(), lossless=Budgeted())
     assert sizes == [1, 1]
     assert limit_plan.smallest(profile) >= FIXED + PER_SAMPLE - 1
+
+
+def fake_block_probe(calls, grads):
+    """Two blocks saving BLOCK a sample each; a plain probe peaks FIXED + (2 BLOCK + 2 MiB) a
+    sample, one that recomputes both `grads` + (BLOCK + 2 MiB) a sample: a fixed part of its
+    own (the gradients built up in backward), and the whole cut in what is held seen."""
+    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None):
+        calls.append((samples, tuple(recompute)))
+        out = step_profile.Probe(samples, recompute)
+        if recompute:
+            out.peak = grads + (BLOCK + 2 * MiB) * samples
+        else:
+            out.peak = FIXED + (2 * BLOCK + 2 * MiB) * samples
+        out.saved = {0: BLOCK * samples, 1: BLOCK * samples}
+        out.seconds = 0.01 * samples
+        return out
+    return probe
+
+
+BLOCK = 8 * MiB
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_recomputations_effect_comes_from_two_sizes_where_probes_start_from_nothing(
+        monkeypatch, cold):
+    """One size counts the lean probe's own fixed part (60 MiB of gradients against the plain
+    probe's 40) as a cut that is not there. Where each probe starts from nothing kept (a CUDA
+    cache emptied per probe) a second lean probe gives the slope, and the effect is whole; on
+    the CPU, where a probe's second run reuses its first's pages, no such probe runs."""
+    from actcodec.torch.limit import meter as meters
+
+    class Cold(meters.ProcessMeter):
+        cold_probes = True
+
+    calls = []
+    monkeypatch.setattr(step_profile, "probe", fake_block_probe(calls, 60 * MiB))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    profile = step_profile.measure(lambda n: None, model, list(model), 16, ("plain",),
+                                   split=True, spill_dir=None,
+                                   meter=Cold() if cold else meters.ProcessMeter())
+    lean_sizes = {samples for samples, recompute in calls if recompute}
+    if cold:
+        assert lean_sizes == {1, 2}
+        assert profile.effect == pytest.approx(1.0)
+    else:
+        assert lean_sizes == {1}
+        assert profile.effect == pytest.approx(0.1)  # the one-size reading, at its floor
