@@ -202,6 +202,19 @@ def test_the_cuda_meter_keeps_the_allocator_to_the_limit_while_capped():
     assert cuda.fraction == 0.5
 
 
+class OlderCuda(FakeCuda):
+    get_per_process_memory_fraction = None  # torch before 2.8: a setter, no getter
+
+
+def test_without_the_fractions_getter_the_allocator_is_left_as_it_is():
+    # a user's own fraction could not be put back after the step: none is set
+    cuda = OlderCuda(total=8 << 30)
+    cuda.fraction = 0.5
+    with meters.CudaMeter("cuda:0", cuda).capped(2 << 30):
+        assert cuda.fraction == 0.5
+    assert cuda.fraction == 0.5
+
+
 class ColdMeter(RecordingMeter):
     cold_probes = True
 
