@@ -203,7 +203,7 @@ def test_the_cuda_meter_keeps_the_allocator_to_the_limit_while_capped():
 
 
 class OlderCuda(FakeCuda):
-    get_per_process_memory_fraction = None  # torch before 2.8: a setter, no getter
+    get_per_process_memory_fraction = None  # an older torch: a setter, no getter
 
 
 def test_without_the_fractions_getter_the_allocator_is_left_as_it_is():

@@ -138,7 +138,7 @@ class CudaMeter:
         fit the blocks cached (fragments of earlier sizes), it frees what is cached and
         tries again before it reserves beyond the limit, where it would otherwise reserve
         more. What live tensors truly need beyond it is an out-of-memory error. (A torch
-        without the fraction's getter, before 2.8, could not have a user's own fraction put
+        without the fraction's getter (an older one) could not have a user's own fraction put
         back: there the allocator is left as it is.)"""
         getter = getattr(self.cuda, "get_per_process_memory_fraction", None)
         if getter is None:
