@@ -137,9 +137,9 @@ class CudaMeter:
         """The caching allocator itself kept to `limit` reserved bytes: where a block does not
         fit the blocks cached (fragments of earlier sizes), it frees what is cached and
         tries again before it reserves beyond the limit, where it would otherwise reserve
-        more. What live tensors truly need beyond it is an out-of-memory error. (A torch
-        without the fraction's getter (an older one) could not have a user's own fraction put
-        back: there the allocator is left as it is.)"""
+        more. What live tensors truly need beyond it is an out-of-memory error. An older
+        torch, without the fraction's getter, could not have a user's own fraction put back:
+        there the allocator is left as it is."""
         getter = getattr(self.cuda, "get_per_process_memory_fraction", None)
         if getter is None:
             yield
