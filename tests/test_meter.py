@@ -232,12 +232,22 @@ def test_a_probe_from_a_cold_cache_is_timed_again_without_counting():
 
 
 def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatch):
+    from actcodec.torch.limit import limit_plan
     step = act.Step(small_model(), limit="4GiB", loss_fn=mse)
+    x = torch.randn(8, 64)
+    step(x)
+    plan = step.plan
 
     def out_of_memory(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
 
     monkeypatch.setattr(step, "_within", out_of_memory)
     with pytest.raises(act.MemoryLimitError, match="caching allocator was kept") as info:
-        step(torch.randn(8, 64))
+        step(x)
     assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
+    # the plan that ran out is judged as peaking past the room it had
+    profile = step._planning.profile
+    key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage,
+                                plan.chunks)
+    floor = meters.ProcessMeter().live()
+    assert step._planning.measured.peaks[key] > (4 << 30) - floor - (64 << 20)

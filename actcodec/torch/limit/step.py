@@ -286,8 +286,9 @@ class Step:
             except torch.cuda.OutOfMemoryError as exc:
                 plan = self.plan
                 if plan is not None and self._planning.profile is not None:
-                    # judged by what it tried to hold: it no longer fits this limit
-                    self._planning.learn(plan, limit)
+                    # judged as peaking just past the room it had (more is not known): the
+                    # next step plans another
+                    self._planning.learn(plan, max(0, limit - self._floor(meter)) + 1)
                 raise MemoryLimitError(
                     f"the step needed more than the limit of {limit / MiB:.0f} MiB on "
                     f"{meter.device} (the caching allocator was kept to it); .grad is as "
