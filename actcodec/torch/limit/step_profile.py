@@ -216,8 +216,9 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                 room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
             lean_two = counted(two.samples, every)
         bare = []  # everything paged out: what the step needs whatever it holds
-        if not twice and lean_two is not None and room is not None and lean_two.peak + (batch - two.samples) \
-                * max(0.0, lean_two.peak - lean.peak) / (two.samples - k) <= room:
+        if not twice and lean_two is not None and room is not None and lean_two.peak + (
+                batch - two.samples) * max(0.0, lean_two.peak - lean.peak) / (
+                two.samples - k) <= room:
             paged = None  # recomputation fits: paging is not needed (nor offered)
             storages = tuple(name for name in storages if name not in OFF_DEVICE)
         if paged is not None and not beyond:
