@@ -245,6 +245,7 @@ def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatc
     with pytest.raises(act.MemoryLimitError, match="caching allocator was kept") as info:
         step(x)
     assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
+    assert info.value.needed == step.smallest_limit() and "smallest limit" in str(info.value)
     # the plan that ran out is judged as peaking past the room it had
     profile = step._planning.profile
     key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage,

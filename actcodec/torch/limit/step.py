@@ -289,10 +289,14 @@ class Step:
                     # judged as peaking just past the room it had (more is not known): the
                     # next step plans another
                     self._planning.learn(plan, max(0, limit - self._floor(meter)) + 1)
+                needed = self.smallest_limit()
+                smallest = "" if needed is None else \
+                    f"; the smallest limit a plan now fits is about {needed / MiB:.0f} MiB"
                 raise MemoryLimitError(
                     f"the step needed more than the limit of {limit / MiB:.0f} MiB on "
                     f"{meter.device} (the caching allocator was kept to it); .grad is as "
-                    f"it was, and the next step plans with what this one measured") from exc
+                    f"it was, and the next step plans with what this one measured{smallest}",
+                    needed) from exc
         return self._within(batch, size, limit, lowered, meter)
 
     def _within(self, batch, size, limit, lowered, meter):
