@@ -302,3 +302,40 @@ def test_a_shape_no_plan_has_run_at_keeps_the_guess_whatever_the_calibration():
     longer = dataclasses.replace(profile, units=2.0)
     assert lp.predict(longer, 2, (0,), lp.PLAIN, measured).peak == pytest.approx(
         model(longer, (0,)) * 1.25)
+
+
+def test_a_steps_own_clock_sets_the_times_it_ran_at():
+    block = lp.Block(saved=100.0, inputs=1.0, forward=1.0, local=50.0, local_forward=0.4)
+    profile = lp.Profile(batch=16, fixed=0.0, work=0.0, rest=0.0, blocks=(block, block),
+                         seconds=1.0, per_micro_batch=5.0)
+    plan = lp.Plan(2, (1,))
+    got = lp.timed(profile, plan, {0: 0.8, 1: 1.6}, 30.0)
+    assert [b.forward for b in got.blocks] == pytest.approx([0.05, 0.1])
+    assert [b.local_forward for b in got.blocks] == pytest.approx([0.02, 0.04])
+    # 30 s less two micro-batches' overhead, per sample, less block 1's recomputation
+    assert got.seconds == pytest.approx((30.0 - 10.0) / 16 - 0.1)
+    assert lp.predict(got, 2, (1,), lp.PLAIN).seconds == pytest.approx(30.0)
+    # what the step does not tell apart: a block without a time, a storage's own work
+    assert lp.timed(profile, plan, {0: 0.8}, 30.0) is None
+    assert lp.timed(profile, lp.Plan(2, (1,), "lossless"), {0: 0.8, 1: 1.6}, 30.0) is None
+
+
+def test_a_plan_the_probes_misjudged_gives_way_once_a_step_has_timed_it():
+    """Probes of one or two samples on a GPU read a block's forward at several times what it
+    costs in a step: recomputation looks dearer than micro-batches. Once a step has run on
+    the device's clock, the plan follows what it measured."""
+    from actcodec.torch.limit import planning
+
+    block = lp.Block(saved=100.0, inputs=1.0, forward=1.0)
+    profile = lp.Profile(batch=16, fixed=0.0, work=0.0, rest=0.0, blocks=(block, block),
+                         seconds=1.0, per_micro_batch=5.0)
+    known = planning.Planning(exact=True)
+    known.add(("sample", 1.0), profile)
+    room = 2100 / (1 - planning.SAFETY) + planning.SAFETY_BYTES / (1 - planning.SAFETY) + 1
+    first = known.plan(16, ("sample", 1.0), True, room, None)
+    assert (first.micro_batches, first.recompute) == (2, ())
+    # the step took 26 s on the device's clock, each block's forwards 0.8 s of it
+    known.learn_times(first, {0: 0.8, 1: 0.8, "step": 26.0})
+    assert known.profiles["sample", 1.0].blocks[0].forward == pytest.approx(0.05)
+    then = known.plan(16, ("sample", 1.0), True, room, first)
+    assert (then.micro_batches, then.recompute) == (1, (0, 1))

@@ -252,3 +252,80 @@ def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatc
                                 plan.chunks)
     floor = meters.ProcessMeter().live()
     assert step._planning.measured.peaks[key] > (4 << 30) - floor - (64 << 20)
+
+
+class FakeEvent:
+    """torch.cuda.Event's timing, on a clock the test moves; `done` as query() says."""
+    now = 0.0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t, self.done = None, True
+
+    def record(self):
+        self.t = FakeEvent.now
+
+    def query(self):
+        return self.done
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3  # milliseconds, as torch's
+
+
+def test_the_device_clock_adds_up_each_blocks_forwards_once_the_device_has_run_them():
+    cuda = FakeCuda()
+    cuda.Event = FakeEvent
+    clock = meters.CudaMeter("cuda:0", cuda).step_clock()
+    assert meters.ProcessMeter().step_clock() is None  # the CPU's probes time a step well
+    FakeEvent.now = 0.0
+    clock.begin("step")
+    for micro_batch in range(2):
+        clock.begin(0)
+        FakeEvent.now += 0.25
+        clock.end(0)
+        clock.begin(1)
+        clock.begin(1)  # a block called inside itself nests
+        FakeEvent.now += 0.5
+        clock.end(1)
+        clock.end(1)
+    assert clock.read() is None  # the step has not ended
+    clock.end("step")
+    last = clock._marks[-1][2]
+    last.done = False  # the device has not got there yet
+    assert clock.read() is None
+    last.done = True
+    assert clock.read() == pytest.approx({0: 0.5, 1: 2.0, "step": 1.5})
+
+
+def test_a_step_on_a_device_clock_hands_its_times_to_the_next_steps_plan(monkeypatch):
+    # on the CPU with a device's clock: the blocks' forwards are what the clock read
+    from actcodec.torch.limit import planning
+
+    class Clock(meters.DeviceClock):
+        def read(self):
+            got = super().read()
+            return None if got is None else {k: 1e-3 for k in got}
+
+    cuda = FakeCuda()
+    cuda.Event = FakeEvent
+    monkeypatch.setattr(meters.ProcessMeter, "step_clock", lambda self: Clock(cuda))
+    learnt = []
+    monkeypatch.setattr(planning.Planning, "learn_times",
+                        lambda self, plan, times: learnt.append((plan, times)))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    model = torch.nn.Sequential(Block(), Block(), Block(), torch.nn.Linear(64, 1))
+    step = act.Step(model, limit="4GiB", loss_fn=mse)
+    x = torch.randn(8, 64)
+    step(x)
+    assert not learnt  # nothing to read before the first step has run
+    step(x)
+    assert learnt and learnt[0][0] == step.plan
+    assert set(learnt[0][1]) == {0, 1, 2, "step"}

@@ -63,6 +63,9 @@ class Running:
         # a profile on a device that runs asynchronously (CUDA): waits for its queued work
         # before each clock reading, so that seconds are the work's, not its launches'
         self.sync = None
+        # a step on such a device: marks each block's forward on the device's own clock
+        # (begin(i), end(i); meter.DeviceClock), read once the device has run them
+        self.clock = None
         self.inputs: dict = {}
         self.local_inputs: dict = {}
         self.local_seconds: dict = {}
@@ -151,6 +154,8 @@ class _Enter:
         if state.profile and state.sync is not None:
             state.sync()
         t0 = time.perf_counter()
+        if state.clock is not None:
+            state.clock.begin(i)
         if state.profile:
             state.inputs[i] = state.inputs.get(i, 0) + _tensor_bytes((*args, *kwargs.values()))
         gen = None
@@ -182,6 +187,8 @@ class _Leave:
             # the region ends (after an exception too: the saved-tensor hooks it pushed
             # must come off, as torch's composable checkpoint does)
             next(gen, None)
+        if state.clock is not None:
+            state.clock.end(self.index)
         if state.profile:
             if state.sync is not None:
                 state.sync()

@@ -264,6 +264,26 @@ class Measured:
 NOTHING = Measured()
 
 
+def timed(profile: Profile, plan: Plan, block_seconds: dict, step_seconds: float):
+    """The profile with the times a step of `plan` (at the profile's batch) took where it
+    ran: each block's forwards, added up over its micro-batches (`block_seconds`, by
+    index), and the whole step. Per sample: each block's forward (its position-wise part in
+    the same proportion as before), and `seconds`, what the step took beyond its
+    micro-batches' overhead and its recomputation. None where the step does not tell them
+    apart (a block without a time, a storage's or chunks' own work in the step)."""
+    n = profile.batch
+    if n <= 0 or plan.storage != "plain" or plan.chunks != 1 or \
+            any(i not in block_seconds for i in range(len(profile.blocks))):
+        return None
+    forward = [block_seconds[i] / n for i in range(len(profile.blocks))]
+    blocks = tuple(replace(b, forward=f, local_forward=b.local_forward * f / b.forward
+                           if b.forward > 0 else b.local_forward)
+                   for b, f in zip(profile.blocks, forward))
+    seconds = (step_seconds - plan.micro_batches * profile.per_micro_batch) / n \
+        - sum(forward[i] for i in plan.recompute)
+    return replace(profile, blocks=blocks, seconds=max(0.0, seconds))
+
+
 def memory_key(profile: Profile, micro_batches: int, recompute, storage: str,
                chunks: int = 1) -> tuple:
     """What a plan's memory depends on: its micro-batches, the bytes of the blocks it

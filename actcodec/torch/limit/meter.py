@@ -16,7 +16,8 @@ on a GPU), so that a Step, its probes and its solver work the same on both.
 - `capped(limit)`: a context in which the allocator itself keeps what is held under the
   limit (CUDA: the caching allocator's memory fraction; nothing on the CPU).
 - `cold_probes`: whether a probe's allocations are served otherwise than a step's (CUDA's
-  emptied cache), so that its seconds are taken from a second run.
+  emptied cache), so that its seconds are taken from a second run; `step_clock()`: where a
+  probe's seconds are not a step's, a clock of the step's own (DeviceClock; None on the CPU).
 - `synchronize()`: waits for the device's queued work (CUDA runs asynchronously; a probe's
   seconds must be its work's, not its launches').
 - `capacity()`: the most `held()` could reach now (what is held and what is free:
@@ -45,6 +46,9 @@ class ProcessMeter:
 
     def capped(self, limit: int):
         return contextlib.nullcontext()
+
+    def step_clock(self):
+        return None  # the probes' seconds are a step's (see cold_probes)
 
     def held(self) -> int:
         return resident.rss()
@@ -156,6 +160,46 @@ class CudaMeter:
     def capacity(self) -> int:
         free, _total = self.cuda.mem_get_info(self.device)
         return free + self.held()
+
+    def step_clock(self) -> "DeviceClock":
+        return DeviceClock(self.cuda)
+
+
+class DeviceClock:
+    """A step's time as the device ran it: events recorded around each repeated block's
+    forward (`begin(i)`, `end(i)`; a block run in several micro-batches adds up) and around
+    the whole step, read without a host wait once the device has passed them. A probe's
+    seconds on such a device are mostly its launches' (one or two samples, a wait around each
+    block); a step's, at its size, are its work's."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self._open: dict = {}
+        self._marks: list = []  # (key, start event, end event)
+
+    def begin(self, key) -> None:
+        event = self.cuda.Event(enable_timing=True)
+        event.record()
+        self._open.setdefault(key, []).append(event)
+
+    def end(self, key) -> None:
+        opened = self._open.get(key)
+        if not opened:
+            return
+        event = self.cuda.Event(enable_timing=True)
+        event.record()
+        self._marks.append((key, opened.pop(), event))
+
+    def read(self) -> dict | None:
+        """Seconds per key, or None while the device has not run them all yet (or a
+        forward did not end)."""
+        if any(self._open.values()) or not self._marks or \
+                not all(end.query() for _, _, end in self._marks):
+            return None
+        out: dict = {}
+        for key, start, end in self._marks:
+            out[key] = out.get(key, 0.0) + start.elapsed_time(end) / 1e3
+        return out
 
 
 SUPPORTED = "the CPU (the process's resident memory) and CUDA (the caching allocator's)"

@@ -139,6 +139,22 @@ class Planning:
             self.profile, split=split and self.profile.unit == "sample")
         return limit_for(limit_plan.smallest(profile, self.exact, self.measured), floor)
 
+    def learn_times(self, plan, times: dict) -> None:
+        """A step's times on the device's own clock (`times`: seconds per block index of its
+        forwards, and "step"): the profile at that step's shape takes its seconds from them
+        from now on (limit_plan.timed). Where the step ran at a shape only scaled from a
+        measured one, nothing is learnt."""
+        profile = self.profile
+        if profile is None or "step" not in times:
+            return
+        shape = (profile.unit, profile.units)
+        if shape not in self.profiles:
+            return
+        learnt = limit_plan.timed(profile, plan, times, times["step"])
+        if learnt is not None:
+            self.profiles[shape] = dataclasses.replace(
+                self.profiles[shape], blocks=learnt.blocks, seconds=learnt.seconds)
+
     def learn(self, plan, measured: int) -> None:
         """The measured peak (bytes above the floor) judges this plan from now on (its
         largest), and calibrates how far plans not yet run trust the model."""

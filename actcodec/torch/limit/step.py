@@ -182,6 +182,7 @@ class Step:
         self._running = 0  # steps running now (any thread): close() waits for none
         self._contexts: dict = {}
         self._period_samples = 0  # samples of the micro-batch run last (see _run)
+        self._clocked = None  # (the device's clock of the last step, its plan): see _run
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
         # under _lock only, so its budget always follows the limit (_in_flight_budget)
@@ -301,6 +302,11 @@ class Step:
 
     def _within(self, batch, size, limit, lowered, meter):
         """The step, its probes and plan under `limit` (None: plain, through the same path)."""
+        clocked, self._clocked = self._clocked, None
+        if clocked is not None:  # the step before, as the device ran it (by now, mostly)
+            times = clocked[0].read()
+            if times is not None:
+                self._planning.learn_times(clocked[1], times)
         seconds = {}
         batch = _no_cache(self.model, batch)
         loss_fn = self._loss_fn(batch, limit)
@@ -526,6 +532,11 @@ class Step:
         params = [p for p in self.model.parameters() if p.requires_grad]
         state = blocks_mod.Running(plan.recompute, chunks=plan.chunks)
         storage = self._context(plan.storage)
+        # where probes mistime a step (a GPU's), the step's own clock: the next step learns
+        # from it (planning.learn_times)
+        clock = None if limit is None or self.frozen or self._planning.profile is None \
+            else meter.step_clock()
+        state.clock = clock
 
         def run(start: int, stop: int):
             if plan.storage == "plain":  # compress_saved ends a period itself
@@ -546,9 +557,14 @@ class Step:
         try:
             shares = loss_weights.shares(self.model, batch, size, ranges,
                                          self.loss_fn is mb.default_loss)
+            if clock is not None:
+                clock.begin("step")
             with meter.peak() as peak:
                 done = accumulate.accumulate(run, ranges, shares, params, scaler=self.scaler,
                                              no_sync=getattr(self.model, "no_sync", None))
+            if clock is not None:
+                clock.end("step")
+                self._clocked = (clock, plan)
         finally:
             with self._lock:
                 self._in_flight = self._planned = None
