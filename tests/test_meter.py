@@ -202,6 +202,29 @@ def test_the_cuda_meter_keeps_the_allocator_to_the_limit_while_capped():
     assert cuda.fraction == 0.5
 
 
+def test_overlapping_steps_on_one_device_keep_the_tightest_cap_and_restore_the_users():
+    # two Steps in two threads on one device: the allocator's fraction is the process's, so
+    # the one ending first must not lift the other's cap, nor the last leave one behind
+    cuda = FakeCuda(total=8 << 30)
+    cuda.fraction = 0.75  # the user's own
+    a, b = meters.CudaMeter("cuda:0", cuda), meters.CudaMeter("cuda:0", cuda)
+    b.cap = a.cap  # as meters of torch.cuda share theirs per device
+    first, second = a.capped(2 << 30), b.capped(4 << 30)
+    first.__enter__()
+    assert cuda.fraction == 0.25
+    second.__enter__()
+    assert cuda.fraction == 0.25
+    first.__exit__(None, None, None)
+    assert cuda.fraction == 0.5  # the other step's limit, still running
+    second.__exit__(None, None, None)
+    assert cuda.fraction == 0.75
+
+
+def test_meters_of_one_cuda_device_share_its_allocator_cap():
+    a, b = meters.CudaMeter("cuda:0"), meters.CudaMeter("cuda:0")
+    assert a.cap is b.cap and meters.CudaMeter("cuda:1").cap is not a.cap
+
+
 class OlderCuda(FakeCuda):
     get_per_process_memory_fraction = None  # an older torch: a setter, no getter
 

@@ -90,6 +90,40 @@ _COUNTERS: dict = {}
 _COUNTERS_LOCK = threading.Lock()
 
 
+class AllocatorCap:
+    """The memory fraction of one device's caching allocator, which is the process's: the
+    tightest of the limits of the steps running on it now (threads), and the fraction the
+    user had before the first of them, put back when the last ends."""
+
+    def __init__(self, cuda, device):
+        self.cuda, self.device = cuda, device
+        self.lock = threading.Lock()
+        self.limits: list = []
+        self.before = 1.0
+
+    def _apply(self) -> None:
+        fraction = self.before
+        if self.limits:
+            total = self.cuda.get_device_properties(self.device).total_memory
+            fraction = min(fraction, max(0.0, min(self.limits) / total))
+        self.cuda.set_per_process_memory_fraction(float(fraction), self.device)
+
+    def enter(self, limit: int) -> None:
+        with self.lock:
+            if not self.limits:
+                self.before = self.cuda.get_per_process_memory_fraction(self.device)
+            self.limits.append(limit)
+            self._apply()
+
+    def leave(self, limit: int) -> None:
+        with self.lock:
+            self.limits.remove(limit)
+            self._apply()
+
+
+_CAPS: dict = {}  # one AllocatorCap per CUDA device, as one peak reader
+
+
 class CudaMeter:
     """A CUDA device's memory as PyTorch's caching allocator reserves it. `cuda`: the module
     whose counters it reads (torch.cuda; a stand-in in tests)."""
@@ -105,8 +139,10 @@ class CudaMeter:
             with _COUNTERS_LOCK:
                 self.counter = _COUNTERS.setdefault(
                     self.device, resident.PeakCounter(self._max_reserved, self._reset))
+                self.cap = _CAPS.setdefault(self.device, AllocatorCap(self.cuda, self.device))
         else:
             self.counter = resident.PeakCounter(self._max_reserved, self._reset)
+            self.cap = AllocatorCap(self.cuda, self.device)
 
     def _max_reserved(self) -> int:
         return self.cuda.max_memory_reserved(self.device)
@@ -144,18 +180,14 @@ class CudaMeter:
         more. What live tensors truly need beyond it is an out-of-memory error. An older
         torch, without the fraction's getter, could not have a user's own fraction put back:
         there the allocator is left as it is."""
-        getter = getattr(self.cuda, "get_per_process_memory_fraction", None)
-        if getter is None:
+        if getattr(self.cuda, "get_per_process_memory_fraction", None) is None:
             yield
             return
-        total = self.cuda.get_device_properties(self.device).total_memory
-        before = getter(self.device)
-        self.cuda.set_per_process_memory_fraction(min(before, max(0.0, limit / total)),
-                                                  self.device)
+        self.cap.enter(limit)
         try:
             yield
         finally:
-            self.cuda.set_per_process_memory_fraction(before, self.device)
+            self.cap.leave(limit)
 
     def capacity(self) -> int:
         free, _total = self.cuda.mem_get_info(self.device)
