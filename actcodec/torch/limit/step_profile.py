@@ -77,16 +77,11 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
 
     meter.start_probe(fresh)
     base = meter.live()
-    t0 = time.perf_counter()
     counting = storage is None
-    with meter.peak() as peak, blocks_mod.running(out.state):
-        with storage if not counting else \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = run_loss(samples)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        del grads, loss
-        meter.synchronize()
-    out.seconds = time.perf_counter() - t0
+    with meter.peak() as peak:
+        out.seconds = _run_once(run_loss, params, samples, out.state, meter, storage
+                                if not counting else
+                                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
     out.peak = max(0, peak.nbytes - base)
     out.surveys = [(n, int(nnz), e) for n, nnz, e in out.surveys]  # read after the clock
     if meter.cold_probes:
@@ -95,15 +90,23 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
         # from the same work run again on the cache it left, without the counting hook
         timing = blocks_mod.Running(recompute, profile=True)
         timing.sync = meter.synchronize
-        t0 = time.perf_counter()
-        with blocks_mod.running(timing), storage if not counting else contextlib.nullcontext():
-            loss = run_loss(samples)
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-            del grads, loss
-            meter.synchronize()
-        out.seconds = time.perf_counter() - t0
+        out.seconds = _run_once(run_loss, params, samples, timing, meter,
+                                storage if not counting else contextlib.nullcontext())
         out.state.seconds, out.state.local_seconds = timing.seconds, timing.local_seconds
     return out
+
+
+def _run_once(run_loss, params, samples: int, state, meter, forward_context) -> float:
+    """Seconds of `run_loss(samples)` forward (in `forward_context`) and backward (its
+    gradients dropped), the blocks following `state`, the device's queue drained."""
+    t0 = time.perf_counter()
+    with blocks_mod.running(state):
+        with forward_context:
+            loss = run_loss(samples)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        del grads, loss
+        meter.synchronize()
+    return time.perf_counter() - t0
 
 
 def storage_ratio(p: Probe, bits: int | None, group: int | None) -> float:
@@ -274,13 +277,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
         else 0.0
     effect = 1.0
+    lean_slope = None if lean_two is None else per_sample(lean.peak, lean_two.peak)
     if found and not beyond:
         cut = sum(b.saved - b.inputs for b in found) - max(b.saved for b in found)
-        if cut > 0 and lean_two is not None:
+        if cut > 0 and lean_slope is not None:
             # from the slopes: what a probe holds that does not grow with it differs between
             # the two (the plain probe peaks as backward starts, the lean one where the
             # gradients have built up), and would count as a cut that is not
-            lean_slope = per_sample(lean.peak, lean_two.peak)
             effect = min(1.0, max(0.1, (slope - lean_slope) / cut))
         elif cut > 0:
             effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
@@ -296,8 +299,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         fixed = max(0.0, min(one.peak - k * sum(saved.values()),
                              two.peak - n * sum(saved.values())))
         work, effect = 0.0, 1.0
-        if lean_two is not None and found:
-            lean_slope = per_sample(lean.peak, lean_two.peak)
+        if lean_slope is not None and found:
             least = max(least, lean_slope - max(b.saved for b in found))
             flat = max(0.0, lean.peak - k * lean_slope)
         else:
