@@ -180,12 +180,20 @@ def heap() -> dict | None:
 
 
 class _Trimmed:
-    """Resident bytes trim_heap gave back, for the process (the heap is the process's): glibc
-    still counts them as free heap, though no page of them is resident until reused."""
+    """Bytes of glibc's free heap that are not resident (the heap is the process's): what
+    trim_heap gave back, which glibc still counts as free. Reused, such bytes are resident
+    again, so the count never exceeds the free heap seen since (`seen`): reuse takes the
+    free chunks a trim left, as they are all a heap trimmed has free beyond its small
+    remnants."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.nbytes = 0
+
+    def seen(self, heap_free: int) -> int:
+        """The bytes not resident, with the free heap now `heap_free` (call under lock)."""
+        self.nbytes = min(self.nbytes, heap_free)
+        return self.nbytes
 
 
 _TRIMMED = _Trimmed()
@@ -209,10 +217,18 @@ def trim_heap() -> int:
     if _MALLOC_TRIM is None:
         return 0
     with _TRIMMED.lock:
+        h = heap()
+        if h is not None:
+            _TRIMMED.seen(h["heap_free"])
         before = rss()
         _MALLOC_TRIM(0)
         gone = max(0, before - rss())
-        _TRIMMED.nbytes += gone
+        after = heap()
+        if h is not None and after is not None:
+            # the heap's top given back leaves the heap (and its free bytes); the rest of
+            # what went stays free there, not resident
+            _TRIMMED.nbytes += max(0, gone - max(0, h["heap"] - after["heap"]))
+            _TRIMMED.seen(after["heap_free"])
     return gone
 
 
@@ -222,7 +238,10 @@ def held_free() -> int:
     outside live blocks. Some of them may still not be resident, so RSS less these
     underestimates live bytes, and RSS / live errs high."""
     h = heap()
-    free = max(0, h["heap_free"] - _TRIMMED.nbytes) if h is not None else 0
+    free = 0
+    if h is not None:
+        with _TRIMMED.lock:
+            free = h["heap_free"] - _TRIMMED.seen(h["heap_free"])
     from . import store
 
     for made in store.made():

@@ -77,3 +77,62 @@ def test_peaks_in_two_threads_keep_their_own_spikes():
         t.join(30)
     assert mine.nbytes - before >= 290 * MiB
     assert seen["other"] - before >= 290 * MiB  # it was open during the spike
+
+
+def test_trims_do_not_add_up():
+    """What trims gave back is counted as free heap that is not resident once, not once per
+    trim: the pages of one trim, reused and freed, given back by the next, are the same
+    pages (summed, the count outgrew the free heap, and live() crept up by a trim's worth
+    every training step). Bytes freed beyond the last trim's are resident free heap."""
+    import ctypes
+
+    if resident.heap() is None or resident._MALLOC_TRIM is None:
+        pytest.skip("not glibc: no heap statistics or malloc_trim")
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    chunk, count = 64 << 10, 512  # 32 MiB in chunks under glibc's mmap threshold: the heap
+
+    def fill(n):
+        blocks = [libc.malloc(chunk) for _ in range(n)]
+        for b in blocks:
+            ctypes.memset(b, 1, chunk)  # written: resident
+        return blocks
+
+    def free(blocks):
+        for b in blocks:
+            libc.free(b)
+
+    pin = more = None
+    try:
+        for _ in range(4):  # reuse, free, trim: what each training step near its limit did
+            blocks = fill(count)
+            if pin is None:
+                pin = libc.malloc(chunk)  # above them: the heap's top cannot take them back
+            free(blocks)
+            resident.trim_heap()
+        assert resident._TRIMMED.nbytes <= resident.heap()["heap_free"]
+        blocks = fill(2 * count)  # the trimmed pages and as many new ones, all written
+        more = libc.malloc(chunk)  # above them too
+        free(blocks)
+        assert resident.held_free() >= 0.75 * chunk * count
+    finally:
+        libc.free(pin)
+        libc.free(more)
+
+
+@pytest.mark.parametrize("events, expected", [
+    ([("trim", 30, 40), ("seen", 40)], 30),          # a trim: its pages are not resident
+    ([("trim", 30, 40), ("seen", 10)], 10),          # reused: resident again
+    ([("trim", 30, 40), ("seen", 10), ("seen", 40)], 10),  # freed again: resident
+    ([("trim", 30, 40), ("seen", 10), ("trim", 30, 40)], 40),  # one trim's count, not two
+])
+def test_the_count_of_trimmed_bytes(events, expected):
+    t = resident._Trimmed()
+    for event in events:
+        if event[0] == "trim":
+            t.nbytes += event[1]
+            t.seen(event[2])
+        else:
+            t.seen(event[1])
+    assert t.nbytes == expected
