@@ -180,6 +180,38 @@ def test_the_solver_offers_chunks_along_a_sequence_only():
     assert lp.solve(tokens, room, exact=True).chunks > 1
 
 
+def test_no_chunk_whose_saves_would_go_to_the_c_heap():
+    """A chunk count is offered only where a chunk's widest position-wise save reaches the
+    allocator's floor: smaller, it lands among the heap's small allocations (a GPT-2's
+    MLPs in chunks of 128 tokens peaked 1.7 times their model)."""
+    block = lp.Block(saved=100.0, inputs=10.0, forward=1e-6, local=60.0, local_inputs=10.0,
+                     local_forward=5e-7, local_widest=4096.0)
+    tokens = lp.Profile(batch=2048, fixed=1e5, work=0.0, rest=20.0, blocks=(block,),
+                        flat=1e5, unit="token", units=2048, split=False)
+    assert lp.chunk_counts(tokens) == [1, 2, 4, 8, 16]  # no floor (a CUDA step's)
+    floored = dataclasses_replace(tokens, chunk_floor=1 << 20)
+    assert lp.chunk_counts(floored) == [1, 2, 4, 8]  # 256 tokens x 4 KiB = 1 MiB
+    assert lp.chunk_counts(dataclasses_replace(lp.scaled(floored, 1024), batch=1024)) == [1, 2, 4]
+    plans = [lp.solve(floored, room, exact=True) for room in (2.6e5, 2.8e5, 3.1e5, 1e12)]
+    assert all(p is not None and p.chunks <= 8 for p in plans) and \
+        any(p.chunks == 8 for p in plans)
+
+
+def test_the_probe_records_the_widest_position_wise_save():
+    """The profile's local_widest is the largest single tensor an MLP saves, per token (a
+    projection's output here: 128 floats a token), not their sum."""
+    from actcodec.torch.limit import meter as meters
+
+    with act.Step(llama(), limit="64GiB", exact=True) as step:
+        step(sample())
+        profile = step.profile
+    assert profile.unit == "token"
+    for b in profile.blocks:
+        assert 0 < b.local_widest < b.local
+        assert b.local_widest == pytest.approx(128 * 4, rel=0.25)
+    assert profile.chunk_floor == meters.ProcessMeter.heap_below > 0
+
+
 def dataclasses_replace(profile, **kw):
     import dataclasses
 

@@ -51,7 +51,8 @@ class Block:
     """A repeated block, per sample: bytes it saves for backward, bytes its checkpoint keeps
     (its inputs) when recomputed, and the seconds of its forward (what recomputing costs);
     and of its position-wise sub-modules (an MLP: actcodec.torch.limit.mini_sequence), the
-    bytes they save (`local`, part of `saved`), their inputs and their forward's seconds."""
+    bytes they save (`local`, part of `saved`), their inputs, their forward's seconds and the
+    bytes of the largest single tensor they save (`local_widest`)."""
 
     saved: float
     inputs: float
@@ -59,6 +60,7 @@ class Block:
     local: float = 0.0
     local_inputs: float = 0.0
     local_forward: float = 0.0
+    local_widest: float = 0.0
 
     def chunked(self, chunks: int) -> tuple:
         """(bytes saved, bytes one chunk's recomputation adds in backward) per sample where
@@ -104,7 +106,10 @@ micro-batch they build up during backward, which `fixed` has measured). `flat`: 
 probes told the step's two phases apart (a sequence's profile: at short lengths the peak is
 backward's, with the gradients, at long ones the turn from forward's, with every save held),
 backward's constant: the peak is then the larger of `fixed` plus what is held at the turn
-and `flat` plus, per sample, `least` and the recomputed block's saves (`sample_bytes`)."""
+and `flat` plus, per sample, `least` and the recomputed block's saves (`sample_bytes`).
+`chunk_floor`: the bytes from which the step's allocator keeps a tensor out of the C heap
+(0: none): a chunk whose position-wise saves are smaller lands them among the heap's small
+allocations, whose holes the peak then carries (see chunk_counts)."""
 
     batch: int
     fixed: float
@@ -121,6 +126,7 @@ and `flat` plus, per sample, `least` and the recomputed block's saves (`sample_b
     unit: str = "sample"
     grads: float = 0.0
     flat: float | None = None
+    chunk_floor: float = 0.0
 
 
 def scaled(profile: Profile, units: float) -> Profile:
@@ -145,7 +151,8 @@ def scaled(profile: Profile, units: float) -> Profile:
     return replace(profile, units=units, work=profile.work * f, rest=profile.rest * f,
                    least=profile.least * f, seconds=profile.seconds * t,
                    blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * t, b.local * f,
-                                      b.local_inputs * f, b.local_forward * t)
+                                      b.local_inputs * f, b.local_forward * t,
+                                      b.local_widest * f)
                                 for b in profile.blocks),
                    storages=tuple(replace(s, extra=s.extra * f) for s in profile.storages))
 
@@ -299,11 +306,15 @@ def memory_key(profile: Profile, micro_batches: int, recompute, storage: str,
 def chunk_counts(profile: Profile) -> list:
     """The chunk counts a plan may run position-wise sub-modules in: along a sequence (a
     token profile) with such sub-modules, 2 to MAX_CHUNKS, each chunk MIN_CHUNK_TOKENS or
-    more; else 1 (whole)."""
+    more, and its widest save at least `chunk_floor` bytes (smaller, the chunks' saves go to
+    the C heap, where a GPT-2's MLPs in chunks of 128 tokens peaked 1.7 times their model
+    and every step grew the heap); else 1 (whole)."""
     counts = [1]
     if profile.unit == "token" and any(b.local > 0 for b in profile.blocks):
+        widest = max(b.local_widest for b in profile.blocks)
         c = 2
-        while c <= MAX_CHUNKS and profile.batch >= c * MIN_CHUNK_TOKENS:
+        while c <= MAX_CHUNKS and profile.batch >= c * MIN_CHUNK_TOKENS and \
+                profile.batch / c * widest >= profile.chunk_floor:
             counts.append(c)
             c *= 2
     return counts

@@ -18,6 +18,7 @@ on a GPU), so that a Step, its probes and its solver work the same on both.
 - `cold_probes`: whether a probe's allocations are served otherwise than a step's (CUDA's
   emptied cache), so that its seconds are taken from a second run; `step_clock()`: where a
   probe's seconds are not a step's, a clock of the step's own (DeviceClock; None on the CPU).
+- `heap_below`: the bytes under which a tensor goes to the C heap (the CPU; 0 on CUDA).
 - `synchronize()`: waits for the device's queued work (CUDA runs asynchronously; a probe's
   seconds must be its work's, not its launches').
 - `capacity()`: the most `held()` could reach now (what is held and what is free:
@@ -36,6 +37,7 @@ import torch
 
 from ... import resident
 from ... import store as stores
+from ..save import allocator
 
 
 class ProcessMeter:
@@ -43,6 +45,9 @@ class ProcessMeter:
 
     device = torch.device("cpu")
     cold_probes = False  # a probe's allocations are served as a step's are
+    # tensors smaller than this go to the C heap, whose holes a peak carries; larger ones to
+    # actcodec's allocator, which a Step under a limit installs
+    heap_below = allocator.THRESHOLD
 
     def capped(self, limit: int):
         return contextlib.nullcontext()
@@ -131,6 +136,7 @@ class CudaMeter:
     # a probe starts from an emptied cache (see start_probe): its allocations go to the
     # driver, a step's come from the cache, so a probe's seconds are not a step's
     cold_probes = True
+    heap_below = 0  # the caching allocator serves every size alike
 
     def __init__(self, device, cuda=None):
         self.device = torch.device(device)

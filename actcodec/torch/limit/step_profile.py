@@ -34,6 +34,7 @@ class Probe:
         self.samples = samples
         self.saved: dict = {}  # block index (None: outside all) -> bytes
         self.local: dict = {}  # block index -> bytes its position-wise children saved
+        self.widest: dict = {}  # block index -> the largest of those saves, bytes
         self.surveys: list = []  # (elements, nonzeros, element size) of float saves
         self.other = 0  # bytes saved that no storage changes
         self.peak = 0
@@ -66,6 +67,7 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
         out.saved[key] = out.saved.get(key, 0) + nbytes
         if out.state.local is not None:
             out.local[out.state.local] = out.local.get(out.state.local, 0) + nbytes
+            out.widest[out.state.local] = max(out.widest.get(out.state.local, 0), nbytes)
         if t.is_floating_point() and nbytes >= MIN_BYTES and t.numel() * t.element_size() == \
                 nbytes:
             # the count stays a tensor until the probe ends: reading it here would wait for
@@ -271,7 +273,9 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                                   one.local.get(i, 0), two.local.get(i, 0))),
                               local_inputs=per_sample(one.state.local_inputs.get(i, 0),
                                                       two.state.local_inputs.get(i, 0)),
-                              local_forward=two.state.local_seconds.get(i, 0.0) / n)
+                              local_forward=two.state.local_seconds.get(i, 0.0) / n,
+                              local_widest=max(one.widest.get(i, 0) / k,
+                                               two.widest.get(i, 0) / n))
              for i in every]
     # t(n) = overhead + n * per sample: two sizes give the overhead a micro-batch adds
     per_micro_batch = max(0.0, (n * one.seconds - k * two.seconds) / (n - k)) if n > k \
@@ -334,7 +338,8 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                               rest=saved.get(None, 0.0), blocks=tuple(found),
                               seconds=two.seconds / n, per_micro_batch=per_micro_batch,
                               storages=tuple(made), split=split, effect=effect,
-                              least=least, grads=grads, flat=flat)
+                              least=least, grads=grads, flat=flat,
+                              chunk_floor=(meter or meters.ProcessMeter).heap_below)
 
 
 def memory_backed(path: str | None) -> bool:
