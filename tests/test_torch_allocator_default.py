@@ -66,6 +66,19 @@ def test_a_build_says_what_it_does(tmp_path):
     assert str(tmp_path) in r.stderr and "allocator built in" in r.stderr
 
 
+@pytest.mark.skipif(shutil.which("c++") is None or shutil.which("ninja") is None,
+                    reason="no C++ compiler or ninja: the allocator cannot be built here")
+def test_a_build_made_before_is_loaded_as_it_is():
+    """A process after the first loads the build for its torch and source directly: torch's
+    build tools are not imported, nothing is compiled or checked (0.15 s of a first step)."""
+    run("step()")  # built here if no process before built it
+    r = run("import sys\n"
+            "step()\n"
+            "print(act.allocator.installed(), 'torch.utils.cpp_extension' in sys.modules)")
+    assert r.stdout.split() == ["True", "False"]
+    assert "compiling" not in r.stderr
+
+
 def test_a_model_off_the_host_installs_nothing(tmp_path):
     """A model whose parameters all live on another device keeps its activations there: the
     host allocator would only cost its build."""

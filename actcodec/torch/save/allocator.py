@@ -21,6 +21,8 @@ processes load it at once). Where it cannot be built, `ensure` warns once and tr
 with torch's allocator."""
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import re
 import sys
@@ -40,23 +42,63 @@ _UNAVAILABLE: list = []  # why it could not be built, once that was found
 def _build():
     if not _MODULE:
         import torch
-        from torch.utils.cpp_extension import _get_build_directory, load
 
         source = os.path.join(os.path.dirname(__file__), "_allocator.cpp")
-        # One build per torch version: torch's build cache is keyed by the name and sources.
-        name = "actcodec_torch_allocator_" + re.sub(r"\W", "_", torch.__version__)
-        where = _get_build_directory(name, verbose=False)
-        cached = os.path.exists(os.path.join(where, name + ".so"))
-        if not cached:
-            print(f"actcodec: compiling its torch allocator, which keeps freed activations out "
-                  f"of the process's heap (once per torch version, about a minute; cached in "
-                  f"{where})", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        _MODULE.append(load(name=name, sources=[source], extra_cflags=["-O2"], verbose=False))
-        if not cached:
+        with open(source, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:12]
+        # One build per torch version and source: a build there is this source's, so it is
+        # loaded as it is (torch's load() imports its build tools and runs ninja to check
+        # it: 0.15 s of every process's first step)
+        version = re.sub(r"\W", "_", torch.__version__)
+        name = f"actcodec_torch_allocator_{version}_{digest}"
+        built = _build_directory_guess(name)
+        module = _load_built(name, os.path.join(built, name + ".so")) if built else None
+        if module is None:
+            from torch.utils.cpp_extension import _get_build_directory, load
+
+            where = _get_build_directory(name, verbose=False)
+            print(f"actcodec: compiling its torch allocator, which keeps freed activations "
+                  f"out of the process's heap (once per torch version, about a minute; cached "
+                  f"in {where})", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            module = load(name=name, sources=[source], extra_cflags=["-O2"], verbose=False)
             print(f"actcodec: allocator built in {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
+        _MODULE.append(module)
     return _MODULE[0]
+
+
+def _build_directory_guess(name: str) -> str | None:
+    """Where torch.utils.cpp_extension builds `name` (its layout: TORCH_EXTENSIONS_DIR, or
+    the user's cache by Python version and accelerator), or None where that is not known:
+    then torch's own answer is asked (a guess gone wrong only costs torch's slower path)."""
+    import torch
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        try:
+            from torch import _appdirs  # what cpp_extension asks, without its build tools
+            cache = _appdirs.user_cache_dir(appname="torch_extensions")
+        except (ImportError, AttributeError):
+            return None
+        hip, cuda = torch.version.hip, torch.version.cuda
+        accelerator = f"rocm{hip.replace('.', '')}" if hip else \
+            f"cu{cuda.replace('.', '')}" if cuda else "cpu"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}" \
+            f"{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(os.path.realpath(cache), f"{python}_{accelerator}")
+    return os.path.join(root, name)
+
+
+def _load_built(name: str, path: str):
+    """The extension built at `path`, or None where it does not load (a partial build)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError:
+        return None
+    return module
 
 
 def ensure() -> bool:
