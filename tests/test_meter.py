@@ -252,6 +252,12 @@ def test_a_probe_from_a_cold_cache_is_timed_again_without_counting():
     # one start (the counted run's), its sync, then the timed run's sync
     assert meter.calls == [("start", False), ("sync",), ("sync",)]
     assert counted.peak >= 0 and counted.surveys and counted.seconds > 0
+    # a probe whose peak alone is wanted (recomputing every block): run once, uncounted
+    meter.calls.clear()
+    lean = step_profile.probe(lambda n: mse(model, x[:n]), params, 4, meter=meter,
+                              peak_only=True)
+    assert meter.calls == [("start", False), ("sync",)]
+    assert lean.peak >= 0 and not lean.surveys and not lean.saved
 
 
 def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatch):

@@ -12,7 +12,8 @@ FIXED, PER_SAMPLE, SAVED, EXTRA = 40 * MiB, 10 * MiB, 6 * MiB, 3 * MiB
 
 def fake_probe(sizes):
     """A probe whose peak is FIXED + PER_SAMPLE a sample, saving SAVED a sample."""
-    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None):
+    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
+              peak_only=False):
         sizes.append(samples)
         out = step_profile.Probe(samples, recompute)
         out.peak = FIXED + PER_SAMPLE * samples
@@ -64,7 +65,8 @@ def test_the_budget_probe_measures_the_budgets_own_work(monkeypatch):
 def test_the_lossless_probe_measures_the_codecs_own_work(monkeypatch):
     """Saves half zeros: the lossless storage holds about half of them; its probe peaks
     EXTRA a sample above what that cut predicts (decoding beside the gradients)."""
-    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None):
+    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
+              peak_only=False):
         out = step_profile.Probe(samples, recompute)
         out.saved = {None: SAVED * samples}
         out.surveys = [(SAVED * samples // 4, SAVED * samples // 8, 4)]  # half nonzero
@@ -103,7 +105,8 @@ def fake_block_probe(calls, grads):
     """Two blocks saving BLOCK a sample each; a plain probe peaks FIXED + (2 BLOCK + 2 MiB) a
     sample, one that recomputes both `grads` + (BLOCK + 2 MiB) a sample: a fixed part of its
     own (the gradients built up in backward), and the whole cut in what is held seen."""
-    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None):
+    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
+              peak_only=False):
         calls.append((samples, tuple(recompute)))
         out = step_profile.Probe(samples, recompute)
         if recompute:

@@ -43,12 +43,14 @@ class Probe:
 
 
 def probe(run_loss, params, samples: int, recompute=(), storage=None,
-          fresh: bool = False, meter=None) -> Probe:
+          fresh: bool = False, meter=None, peak_only: bool = False) -> Probe:
     """Runs `run_loss(samples)` forward and backward, counting (see module doc); or, given a
     `storage` context (compress_saved), its forward in that context, counting nothing but the
     peak and the seconds. `fresh`: the store's kept pages are released first, so that a probe
     run once measures its own layout, not what the probe before it left kept. `meter`:
-    where the memory is measured (actcodec.torch.limit.meter; the process's by default)."""
+    where the memory is measured (actcodec.torch.limit.meter; the process's by default).
+    `peak_only`: only the peak is wanted (the saves are neither counted nor surveyed, a
+    nonzero count per save being a pass over it; no timed rerun on a cold meter)."""
     meter = meter if meter is not None else meters.ProcessMeter()
     out = Probe(samples, recompute)
     if meter.device.type != "cpu":
@@ -79,21 +81,20 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
 
     meter.start_probe(fresh)
     base = meter.live()
-    counting = storage is None
+    context = storage if storage is not None else contextlib.nullcontext() if peak_only \
+        else torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with meter.peak() as peak:
-        out.seconds = _run_once(run_loss, params, samples, out.state, meter, storage
-                                if not counting else
-                                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+        out.seconds = _run_once(run_loss, params, samples, out.state, meter, context)
     out.peak = max(0, peak.nbytes - base)
     out.surveys = [(n, int(nnz), e) for n, nnz, e in out.surveys]  # read after the clock
-    if meter.cold_probes:
+    if meter.cold_probes and not peak_only:
         # the probe started from an emptied cache, so that its peak is its own: each of its
         # allocations went to the device's driver, which a step's do not. Its seconds come
         # from the same work run again on the cache it left, without the counting hook
         timing = blocks_mod.Running(recompute, profile=True)
         timing.sync = meter.synchronize
         out.seconds = _run_once(run_loss, params, samples, timing, meter,
-                                storage if not counting else contextlib.nullcontext())
+                                storage if storage is not None else contextlib.nullcontext())
         out.state.seconds, out.state.local_seconds = timing.seconds, timing.local_seconds
     return out
 
@@ -191,15 +192,17 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     fixed_guess = 0 if twice else \
         sum(p.numel() * p.element_size() for p in params) + fixed_bytes
 
-    def counted(size, recompute=(), storage=None):
+    def counted(size, recompute=(), storage=None, peak_only=False):
         if twice:  # the first of each: lazy state warms up, the store learns lifetimes
-            probe(run_loss, params, size, recompute, storage, meter=meter)
-            return probe(run_loss, params, size, recompute, storage, meter=meter)
-        return probe(run_loss, params, size, recompute, storage, fresh=True, meter=meter)
+            probe(run_loss, params, size, recompute, storage, meter=meter, peak_only=True)
+            return probe(run_loss, params, size, recompute, storage, meter=meter,
+                         peak_only=peak_only)
+        return probe(run_loss, params, size, recompute, storage, fresh=True, meter=meter,
+                     peak_only=peak_only)
 
     try:
         # lazy state warms up (its size does not matter: along a sequence, a short one)
-        probe(run_loss, params, k if twice else max(1, k // 4), meter=meter)
+        probe(run_loss, params, k if twice else max(1, k // 4), meter=meter, peak_only=True)
         one = probe(run_loss, params, k, fresh=not twice, meter=meter)  # as the later ones
         two = one
         if room is not None and one.peak > room:
@@ -215,11 +218,11 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             k //= 2
             one = counted(k)
         if every and not beyond:  # every block recomputed: how much of a cut in what is
-            lean = counted(k, every)  # held the peak sees
+            lean = counted(k, every, peak_only=True)  # held the peak sees
         lean_two = None  # what recomputing every block holds per sample, from a second size
         if slopes and every and not beyond and two.samples > k and (
                 room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
-            lean_two = counted(two.samples, every)
+            lean_two = counted(two.samples, every, peak_only=True)
         bare = []  # everything paged out: what the step needs whatever it holds
         if not twice and lean_two is not None and room is not None and lean_two.peak + (
                 batch - two.samples) * max(0.0, lean_two.peak - lean.peak) / (
