@@ -18,6 +18,7 @@ cdef extern from "actcodec.h" nogil:
     int ac_store_release(ac_store *s, void *p)
     void ac_store_stats(ac_store *s, ac_store_usage *out)
     void ac_store_reset_peak(ac_store *s)
+    void ac_store_restart_peak(ac_store *s)
     void ac_store_forget_plan(ac_store *s)
 
 
@@ -65,6 +66,10 @@ cdef class Store:
     def reset_peak(self):
         """A step ends: give back the free pages beyond what its peak needed."""
         ac_store_reset_peak(self.s)
+
+    def restart_peak(self):
+        """peak_used_bytes from now on: the pages in use now, and nothing else changes."""
+        ac_store_restart_peak(self.s)
 
     def forget_plan(self):
         """A period ends with no plan for the next and no page given back: the next goes

@@ -174,6 +174,8 @@ void ac_store_stats(ac_store *s, ac_store_usage *out);
 /* Ends a step (a period): plans the next from it, gives back the pages neither the plan nor a
  * live block needs, and starts a new peak at the current use. */
 void ac_store_reset_peak(ac_store *s);
+/* peak_used_bytes starts again from used_bytes (a moment's peak), nothing else changes */
+void ac_store_restart_peak(ac_store *s);
 /* Ends a period without a plan for the next and without giving pages back: the next period's
  * requests go first fit over the pages held (a period larger than the last, which the plan of
  * the smaller one would only send above itself). */

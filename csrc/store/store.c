@@ -464,6 +464,13 @@ size_t ac_store_shrink(ac_store *s, void *p, size_t nbytes) {
     return kept;
 }
 
+void ac_store_restart_peak(ac_store *s) {
+    if (s == NULL) return;
+    lock(s);
+    s->peak_pages = s->used_pages;
+    unlock(s);
+}
+
 void ac_store_stats(ac_store *s, ac_store_usage *st) {
     if (s == NULL || st == NULL) return;
     lock(s);

@@ -92,6 +92,11 @@ static void basic_tests(void) {
                u.mapped_bytes == 13 * PAGE + (3u << 20) + PAGE,
            "released pages stay mapped for the next step (%zu mapped)", u.mapped_bytes);
     report(u.peak_used_bytes >= (3u << 20), "peak used remembers the large block");
+    ac_store_restart_peak(s);
+    u = usage(s);
+    report(u.peak_used_bytes == 0 && u.mapped_bytes == 13 * PAGE + (3u << 20) + PAGE,
+           "a restarted peak is the use now, and no page is given back (%zu peak, %zu mapped)",
+           u.peak_used_bytes, u.mapped_bytes);
     unsigned char *again = ac_store_alloc(s, 3u << 20);
     report(again == big, "the next step's large block lands where the last one was");
     ac_store_release(s, again);
