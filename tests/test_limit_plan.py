@@ -250,6 +250,34 @@ def test_two_phases_the_peak_is_the_larger_and_backward_holds_the_recomputed_blo
     assert lp.predict(one, 1, (0, 1), lp.PLAIN).peak == pytest.approx(2e5 + 1000 * 140)
 
 
+def test_measured_moments_hold_each_blocks_own_bytes_in_backward():
+    """Where each block's moment in backward was measured (Block.moment), the turn holds
+    what the plan holds (no recomputed block's saves: they come back later), each block's
+    moment holds the blocks before it, its own saves and its own constant, and the moments
+    outside the blocks hold what the plan holds beyond recomputing every block."""
+    block = lp.Block(saved=100.0, inputs=10.0, forward=1e-6, moment=5e4, moment_least=1.0)
+    profile = lp.Profile(batch=1000, fixed=1e5, work=0.0, rest=20.0, blocks=(block, block),
+                         flat=1e5, least=2.0, unit="token", split=False)
+    assert lp.moments_known(profile)
+    lean = lp.predict(profile, 1, (0, 1), lp.PLAIN).peak
+    # the turn 1e5 + 1000 * 40; block 1's moment: rest, block 0's inputs, its own saves
+    assert lean == pytest.approx(max(1e5 + 1000 * 40, 5e4 + 1000 * (1 + 20 + 10 + 100)))
+    top = lp.predict(profile, 1, (1,), lp.PLAIN).peak
+    # block 0 held whole: the turn 1e5 + 1000 * 130, outside 1e5 + 1000 * (2 + 90), block
+    # 1's moment 5e4 + 1000 * (1 + 20 + 100 + 100)
+    assert top == pytest.approx(5e4 + 1000 * 221)
+    # unmeasured moments: each phase counts the recomputed block's saves
+    unknown = dataclasses.replace(profile, blocks=(block, lp.Block(100.0, 10.0, 1e-6)))
+    assert not lp.moments_known(unknown)
+    assert lp.predict(unknown, 1, (0, 1), lp.PLAIN).peak == pytest.approx(
+        max(1e5 + 1000 * (40 + 100), 1e5 + 1000 * (2 + 100)))
+    # a longer sequence: the moment's constant stays, its per-token bytes grow
+    longer = lp.scaled(dataclasses.replace(profile, units=1000), 2000)
+    assert longer.blocks[0].moment == 5e4 and longer.blocks[0].moment_least == 2.0
+    assert lp.moment_bytes(profile.blocks, 20.0, 1, (), chunks=1, ratio=0.5) == \
+        pytest.approx(0.5 * (20 + 100) + 100)
+
+
 def test_a_token_profile_scales_per_token_and_never_splits():
     block = lp.Block(saved=100.0, inputs=10.0, forward=1e-6)
     profile = lp.Profile(batch=512, fixed=1e5, work=1.0, rest=20.0, blocks=(block,),

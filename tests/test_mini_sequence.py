@@ -212,6 +212,43 @@ def test_the_probe_records_the_widest_position_wise_save():
     assert profile.chunk_floor == meters.ProcessMeter.heap_below > 0
 
 
+def test_a_lean_probe_tells_each_blocks_moment_in_backward_apart():
+    """With every block recomputed, each block's moment in backward holds its saves again,
+    read in live bytes (the store's counter of pages in use, the heap's growth): the RSS of
+    a step keeps the pages of what an earlier moment freed, so it could not tell them apart."""
+    from actcodec.torch.limit import blocks as blocks_mod
+    from actcodec.torch.limit import meter as meters
+    from actcodec.torch.limit import step_profile
+    from actcodec.torch.save import allocator as allocators
+
+    allocators.ensure()
+    torch.manual_seed(0)
+    tokens = 1024
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        num_hidden_layers=2, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=VOCAB, max_position_embeddings=tokens,
+        bos_token_id=0, eos_token_id=0)).train()
+    ids = torch.randint(0, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(1))
+    params = [p for p in model.parameters() if p.requires_grad]
+    found = blocks_mod.find(model)
+    attachment = blocks_mod.attach(found)
+    meter = meters.ProcessMeter()
+
+    def run(n):
+        return model(input_ids=ids[:, :n], labels=ids[:, :n], use_cache=False).loss
+    try:
+        counted = step_profile.probe(run, params, tokens, meter=meter)
+        lean = step_profile.probe(run, params, tokens, (0, 1), meter=meter, peak_only=True,
+                                  moments=True)
+    finally:
+        attachment.release()
+    assert counted.moments is None and set(lean.moments.blocks) == {0, 1}
+    for i in (0, 1):  # each block's saves are back at once in its moment
+        assert lean.moments.blocks[i] >= 0.8 * counted.saved[i]
+    assert 0 < lean.moments.outside
+    assert lean.state.moments is None  # the marks end with the probe
+
+
 def dataclasses_replace(profile, **kw):
     import dataclasses
 

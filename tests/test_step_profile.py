@@ -13,7 +13,7 @@ FIXED, PER_SAMPLE, SAVED, EXTRA = 40 * MiB, 10 * MiB, 6 * MiB, 3 * MiB
 def fake_probe(sizes):
     """A probe whose peak is FIXED + PER_SAMPLE a sample, saving SAVED a sample."""
     def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
-              peak_only=False):
+              peak_only=False, moments=False):
         sizes.append(samples)
         out = step_profile.Probe(samples, recompute)
         out.peak = FIXED + PER_SAMPLE * samples
@@ -66,7 +66,7 @@ def test_the_lossless_probe_measures_the_codecs_own_work(monkeypatch):
     """Saves half zeros: the lossless storage holds about half of them; its probe peaks
     EXTRA a sample above what that cut predicts (decoding beside the gradients)."""
     def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
-              peak_only=False):
+              peak_only=False, moments=False):
         out = step_profile.Probe(samples, recompute)
         out.saved = {None: SAVED * samples}
         out.surveys = [(SAVED * samples // 4, SAVED * samples // 8, 4)]  # half nonzero
@@ -106,7 +106,7 @@ def fake_block_probe(calls, grads):
     sample, one that recomputes both `grads` + (BLOCK + 2 MiB) a sample: a fixed part of its
     own (the gradients built up in backward), and the whole cut in what is held seen."""
     def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
-              peak_only=False):
+              peak_only=False, moments=False):
         calls.append((samples, tuple(recompute)))
         out = step_profile.Probe(samples, recompute)
         if recompute:
@@ -147,3 +147,34 @@ def test_recomputations_effect_comes_from_two_sizes_where_probes_start_from_noth
     else:
         assert lean_sizes == {1}
         assert profile.effect == pytest.approx(0.1)  # the one-size reading, at its floor
+
+
+def lean_probe(samples, blocks, outside, peak):
+    out = step_profile.Probe(samples, (0, 1))
+    out.peak = peak
+    out.moments = step_profile.Moments(None, 0)
+    out.moments.blocks, out.moments.outside = dict(enumerate(blocks)), outside
+    return out
+
+
+def test_backwards_moments_are_lines_through_the_two_lean_probes():
+    """Each block's moment: a line through its two lean probes' live peaks, per token beyond
+    the bytes it holds there (where it grows by less, by those, through the larger probe);
+    outside the blocks the same; what each probe's RSS peak held beyond its largest moment
+    added to all (the larger of the two)."""
+    from actcodec.torch.limit import limit_plan as lp
+
+    block = lp.Block(saved=100.0, inputs=10.0, forward=1e-6)
+    low = lean_probe(100, (3e4, 3e4), 5e4, 8e4)  # 3e4 resident beyond its largest moment
+    high = lean_probe(200, (5e4, 3.5e4), 4.8e4, 7.9e4)
+    found, (flat, least) = step_profile._moment_lines([block, block], 20.0, low, high)
+    # block 0 holds rest and its saves (120 a token) and grows by 200: 80 beyond
+    assert found[0].moment_least == pytest.approx(80) and \
+        found[0].moment == pytest.approx(5e4 - 200 * 200 + 3e4)
+    # block 1 holds 130 a token and grows by 50: taken as 130, through the larger probe
+    assert found[1].moment_least == 0 and found[1].moment == pytest.approx(3.5e4 - 200 * 130
+                                                                           + 3e4)
+    assert least == 0 and flat == pytest.approx(4.8e4 + 3e4)
+    assert step_profile._moment_lines([block, block], 20.0, low, None) is None
+    low.moments.blocks.pop(1)  # a block whose moment was not told apart
+    assert step_profile._moment_lines([block, block], 20.0, low, high) is None

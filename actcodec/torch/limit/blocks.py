@@ -70,6 +70,10 @@ class Running:
         self.local_inputs: dict = {}
         self.local_seconds: dict = {}
         self.local_open: list = []
+        # a profile's marks of backward's moments (step_profile.Moments): begin(i) where a
+        # recomputed block's forward runs again, end(i) where the gradient of its input is
+        # made (its backward done)
+        self.moments = None
         # per block index, the calls open now (a block called again inside its own
         # forward nests): (its checkpoint's generator or None, the block around it, start)
         self.open: dict = {}
@@ -90,11 +94,14 @@ class _Outside:
     children in the plan's `chunks` still. Reusable, as backward may recompute a region more
     than once (retain_graph)."""
 
-    def __init__(self, chunks: int = 1):
+    def __init__(self, chunks: int = 1, moments=None, index: int | None = None):
         self.chunks = chunks
+        self.moments, self.index = moments, index
         self._tokens: list = []
 
     def __enter__(self):
+        if self.moments is not None:
+            self.moments.begin(self.index)
         self._tokens.append(_PLAN.set(Running(chunks=self.chunks) if self.chunks > 1
                                       else None))
 
@@ -102,8 +109,17 @@ class _Outside:
         _PLAN.reset(self._tokens.pop())
 
 
-def _contexts(chunks: int = 1):
-    return contextlib.nullcontext(), _Outside(chunks)
+def _contexts(chunks: int = 1, moments=None, index: int | None = None):
+    return contextlib.nullcontext(), _Outside(chunks, moments, index)
+
+
+def _mark_end(moments, index: int, values) -> None:
+    """moments.end(index) once the gradient of the block's first input that takes one is
+    made (none: the moment ends where the next begins)."""
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            v.register_hook(lambda grad: moments.end(index))
+            return
 
 
 def _tensor_bytes(values) -> int:
@@ -163,8 +179,11 @@ class _Enter:
             # backward runs the forward again (not __call__: hooks stay outside the region)
             gen = _checkpoint_without_reentrant_generator(
                 functools.partial(module.forward, **kwargs), True,
-                functools.partial(_contexts, state.chunks), "default", False, True, *args)
+                functools.partial(_contexts, state.chunks, state.moments, i), "default",
+                False, True, *args)
             next(gen)  # the region begins: saves are recomputed, not kept
+            if state.moments is not None:
+                _mark_end(state.moments, i, (*args, *kwargs.values()))
         state.open.setdefault(i, []).append((gen, state.current, t0))
         state.current = i
         return None

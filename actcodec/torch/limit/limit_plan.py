@@ -52,7 +52,10 @@ class Block:
     (its inputs) when recomputed, and the seconds of its forward (what recomputing costs);
     and of its position-wise sub-modules (an MLP: actcodec.torch.limit.mini_sequence), the
     bytes they save (`local`, part of `saved`), their inputs, their forward's seconds and the
-    bytes of the largest single tensor they save (`local_widest`)."""
+    bytes of the largest single tensor they save (`local_widest`). `moment`, where measured
+    (along a sequence), what its moment in backward peaks at beyond what that moment holds
+    per sample (moment_bytes), a constant (the gradients made by then, the loss's buffers),
+    and `moment_least`, per sample, what it grows by beyond those bytes (working memory)."""
 
     saved: float
     inputs: float
@@ -61,6 +64,8 @@ class Block:
     local_inputs: float = 0.0
     local_forward: float = 0.0
     local_widest: float = 0.0
+    moment: float | None = None
+    moment_least: float = 0.0
 
     def chunked(self, chunks: int) -> tuple:
         """(bytes saved, bytes one chunk's recomputation adds in backward) per sample where
@@ -107,6 +112,9 @@ probes told the step's two phases apart (a sequence's profile: at short lengths 
 backward's, with the gradients, at long ones the turn from forward's, with every save held),
 backward's constant: the peak is then the larger of `fixed` plus what is held at the turn
 and `flat` plus, per sample, `least` and the recomputed block's saves (`sample_bytes`).
+Where the probes measured each block's moment in backward apart (Block.moment), `flat` and
+`least` are the moments' outside the blocks (the head's and loss's backward, the
+embedding's gradient), and each block's moment is its own (`phases`).
 `chunk_floor`: the bytes from which the step's allocator keeps a tensor out of the C heap
 (0: none): a chunk whose position-wise saves are smaller lands them among the heap's small
 allocations, whose holes the peak then carries (see chunk_counts)."""
@@ -152,7 +160,7 @@ def scaled(profile: Profile, units: float) -> Profile:
                    least=profile.least * f, seconds=profile.seconds * t,
                    blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * t, b.local * f,
                                       b.local_inputs * f, b.local_forward * t,
-                                      b.local_widest * f)
+                                      b.local_widest * f, b.moment, b.moment_least * f)
                                 for b in profile.blocks),
                    storages=tuple(replace(s, extra=s.extra * f) for s in profile.storages))
 
@@ -184,13 +192,45 @@ def phases(profile: Profile, recompute, storage: Storage, samples: int,
            chunks: int = 1) -> float:
     """The peak above the floor of `samples` samples (beyond `fixed` and the gradients a
     micro-batch after the first holds): one phase's per-sample bytes over `fixed`, or, with
-    `flat`, the larger of both phases."""
+    `flat`, the larger of both phases. Where each block's moment in backward was measured
+    (moments_known), the turn holds what the plan holds and each block's moment its own
+    bytes (moment_bytes); else the turn and backward each count the largest bytes backward
+    brings back at once (_transient), wherever that happens."""
     bytes_ = samples * sample_bytes(profile, recompute, storage, chunks)
     if profile.flat is None:
         return profile.fixed + bytes_
-    return max(profile.fixed + bytes_,
-               profile.flat + samples * (profile.least + _transient(profile, recompute, chunks)
-                                         + storage.extra))
+    if not moments_known(profile):
+        return max(profile.fixed + bytes_,
+                   profile.flat + samples * (profile.least + storage.extra
+                                             + _transient(profile, recompute, chunks)))
+    held = storage.ratio * held_bytes(profile, recompute, chunks)
+    # the moments outside the blocks were measured with every block recomputed: a plan
+    # holds what it holds beyond that there too (the head's and loss's backward)
+    beyond = held - held_bytes(profile, range(len(profile.blocks)))
+    peak = max(profile.fixed + samples * (profile.work + held + storage.extra),
+               profile.flat + samples * (profile.least + storage.extra + beyond))
+    for i, b in enumerate(profile.blocks):
+        at = moment_bytes(profile.blocks, profile.rest, i, recompute, chunks, storage.ratio)
+        peak = max(peak, b.moment + samples * (b.moment_least + storage.extra + at))
+    return peak
+
+
+def moments_known(profile: Profile) -> bool:
+    """Whether the probes measured each block's moment in backward apart (Block.moment): then
+    `flat` and `least` are what backward peaks at outside them."""
+    return bool(profile.blocks) and all(b.moment is not None for b in profile.blocks)
+
+
+def moment_bytes(blocks, rest: float, i: int, recompute, chunks: int = 1,
+                 ratio: float = 1.0) -> float:
+    """Bytes per sample held at block i's moment in backward (blocks run in order, so
+    backward reaches them last to first): what the blocks before it and the saves outside
+    all blocks hold (stored at `ratio`), and its own saves at full size (recomputed, or
+    brought back for its backward) with one chunk's recomputation."""
+    before = sum(b.inputs if j in recompute else b.chunked(chunks)[0]
+                 for j, b in enumerate(blocks[:i]))
+    saved, chunk = blocks[i].chunked(chunks)
+    return ratio * (rest + before) + saved + chunk
 
 
 def _transient(profile: Profile, recompute, chunks: int) -> float:

@@ -58,6 +58,14 @@ class ProcessMeter:
     def held(self) -> int:
         return resident.rss()
 
+    def live_peak(self):
+        """A context whose `nbytes` is the peak of live bytes inside it (LivePeak), where
+        the step's allocator puts the large tensors in the store; else None (RSS keeps the
+        pages of what was freed, so a moment's peak is not told from the one before)."""
+        if not allocator.installed() or not stores.made():
+            return None
+        return LivePeak(stores.made()[0])
+
     def live(self) -> int:
         return resident.live()
 
@@ -93,6 +101,33 @@ class ProcessMeter:
 # counter is global, and a reset by one reader would erase what another's open peaks saw.
 _COUNTERS: dict = {}
 _COUNTERS_LOCK = threading.Lock()
+
+
+class LivePeak:
+    """The peak of the process's live bytes inside a block (`nbytes`, read inside it): live
+    bytes at its start, plus how far the store's bytes in use rose above their start (the
+    store's own counter, restarted there), plus what the rest (the heap's small tensors)
+    grew by at its end."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __enter__(self) -> "LivePeak":
+        self.store.restart_peak()
+        self._live, self._used = resident.live(), self.store.stats()["used_bytes"]
+        self._end = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._end = self.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        if self._end is not None:
+            return self._end
+        s = self.store.stats()
+        rest = max(0, resident.live() - self._live - (s["used_bytes"] - self._used))
+        return self._live + max(0, s["peak_used_bytes"] - self._used) + rest
 
 
 class AllocatorCap:
@@ -159,6 +194,9 @@ class CudaMeter:
 
     def held(self) -> int:
         return self.cuda.memory_reserved(self.device)
+
+    def live_peak(self):
+        return None  # the probes' moments are told apart on the CPU alone
 
     def live(self) -> int:
         return self.cuda.memory_allocated(self.device)

@@ -9,6 +9,7 @@ saves, their seconds from encoding a tensor of the same kind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import time
@@ -27,6 +28,49 @@ LOSSY = {"8bit": (8, 256), "4bit": (4, 256), "2bit": (2, 64)}  # Policy presets'
 OFF_DEVICE = ("paged", "offload")  # storages that hold nothing where the step runs
 
 
+class Moments:
+    """A probe's peaks of live bytes (above `base`) told apart by moment: each recomputed
+    block's in backward, from its forward run again to its input's gradient (`blocks`, by
+    index), and everything else's (`outside`: forward, the head and loss, what backward does
+    beyond the blocks). Marked by the blocks' hooks (blocks.Running.moments). Live bytes,
+    not RSS: RSS keeps the pages of what a moment freed, so the next would read the same."""
+
+    def __init__(self, meter, base: int):
+        """`meter`: one whose live_peak() is a context (not None)."""
+        self.meter, self.base = meter, base
+        self.blocks: dict = {}
+        self.outside = 0
+        self._open = None  # (block index or None, its LivePeak)
+
+    def _switch(self, index) -> None:
+        if self._open is not None:
+            i, peak = self._open
+            nbytes = max(0, peak.nbytes - self.base)
+            peak.__exit__(None, None, None)
+            if i is None:
+                self.outside = max(self.outside, nbytes)
+            else:
+                self.blocks[i] = max(self.blocks.get(i, 0), nbytes)
+        self._open = None
+        if index is not False:
+            peak = self.meter.live_peak()
+            peak.__enter__()
+            self._open = (index, peak)
+
+    def start(self) -> None:
+        self._switch(None)
+
+    def begin(self, index: int) -> None:
+        self._switch(index)
+
+    def end(self, index: int) -> None:
+        if self._open is not None and self._open[0] == index:
+            self._switch(None)
+
+    def stop(self) -> None:
+        self._switch(False)
+
+
 class Probe:
     """One probe step's counts."""
 
@@ -40,17 +84,20 @@ class Probe:
         self.peak = 0
         self.seconds = 0.0
         self.state = blocks_mod.Running(recompute, profile=True)
+        self.moments: Moments | None = None
 
 
 def probe(run_loss, params, samples: int, recompute=(), storage=None,
-          fresh: bool = False, meter=None, peak_only: bool = False) -> Probe:
+          fresh: bool = False, meter=None, peak_only: bool = False,
+          moments: bool = False) -> Probe:
     """Runs `run_loss(samples)` forward and backward, counting (see module doc); or, given a
     `storage` context (compress_saved), its forward in that context, counting nothing but the
     peak and the seconds. `fresh`: the store's kept pages are released first, so that a probe
     run once measures its own layout, not what the probe before it left kept. `meter`:
     where the memory is measured (actcodec.torch.limit.meter; the process's by default).
     `peak_only`: only the peak is wanted (the saves are neither counted nor surveyed, a
-    nonzero count per save being a pass over it; no timed rerun on a cold meter)."""
+    nonzero count per save being a pass over it; no timed rerun on a cold meter).
+    `moments`: its peaks told apart by moment too (Moments; recomputed blocks only)."""
     meter = meter if meter is not None else meters.ProcessMeter()
     out = Probe(samples, recompute)
     if meter.device.type != "cpu":
@@ -84,7 +131,15 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
     context = storage if storage is not None else contextlib.nullcontext() if peak_only \
         else torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with meter.peak() as peak:
-        out.seconds = _run_once(run_loss, params, samples, out.state, meter, context)
+        if moments and getattr(meter, "live_peak", lambda: None)() is not None:
+            out.moments = out.state.moments = Moments(meter, base)
+            out.moments.start()
+        try:
+            out.seconds = _run_once(run_loss, params, samples, out.state, meter, context)
+        finally:
+            if out.moments is not None:
+                out.moments.stop()
+                out.state.moments = None
     out.peak = max(0, peak.nbytes - base)
     out.surveys = [(n, int(nnz), e) for n, nnz, e in out.surveys]  # read after the clock
     if meter.cold_probes and not peak_only:
@@ -192,13 +247,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     fixed_guess = 0 if twice else \
         sum(p.numel() * p.element_size() for p in params) + fixed_bytes
 
-    def counted(size, recompute=(), storage=None, peak_only=False):
+    def counted(size, recompute=(), storage=None, peak_only=False, moments=False):
         if twice:  # the first of each: lazy state warms up, the store learns lifetimes
             probe(run_loss, params, size, recompute, storage, meter=meter, peak_only=True)
             return probe(run_loss, params, size, recompute, storage, meter=meter,
-                         peak_only=peak_only)
+                         peak_only=peak_only, moments=moments)
         return probe(run_loss, params, size, recompute, storage, fresh=True, meter=meter,
-                     peak_only=peak_only)
+                     peak_only=peak_only, moments=moments)
 
     try:
         # lazy state warms up (its size does not matter: along a sequence, a short one)
@@ -217,12 +272,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             # does not grow with the batch as growing, and the fixed part as nothing)
             k //= 2
             one = counted(k)
+        lean = None
         if every and not beyond:  # every block recomputed: how much of a cut in what is
-            lean = counted(k, every, peak_only=True)  # held the peak sees
+            lean = counted(k, every, peak_only=True, moments=not twice)  # held the peak sees
         lean_two = None  # what recomputing every block holds per sample, from a second size
         if slopes and every and not beyond and two.samples > k and (
                 room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
-            lean_two = counted(two.samples, every, peak_only=True)
+            lean_two = counted(two.samples, every, peak_only=True, moments=not twice)
         bare = []  # everything paged out: what the step needs whatever it holds
         if not twice and lean_two is not None and room is not None and lean_two.peak + (
                 batch - two.samples) * max(0.0, lean_two.peak - lean.peak) / (
@@ -306,7 +362,13 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         fixed = max(0.0, min(one.peak - k * sum(saved.values()),
                              two.peak - n * sum(saved.values())))
         work, effect = 0.0, 1.0
-        if lean_slope is not None and found:
+        moments = _moment_lines(found, saved.get(None, 0.0), lean, lean_two)
+        if moments is not None:
+            # backward's moments apart: each block's, and the rest (the head and loss, the
+            # embedding's gradient), each a line through the two lean probes
+            found, (flat, outside) = moments
+            least = max(least, outside)
+        elif lean_slope is not None and found:
             least = max(least, lean_slope - max(b.saved for b in found))
             flat = max(0.0, lean.peak - k * lean_slope)
         else:
@@ -343,6 +405,41 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                               storages=tuple(made), split=split, effect=effect,
                               least=least, grads=grads, flat=flat,
                               chunk_floor=(meter or meters.ProcessMeter).heap_below)
+
+
+def _line(low: Probe, high: Probe, small: float, large: float, counted: float = 0.0):
+    """(constant, per sample beyond `counted`) of a line through a moment's peaks `small` at
+    `low`'s samples and `large` at `high`'s: where it grows by less than the bytes it is
+    counted to hold per sample, it is taken to grow by those, through the larger probe's
+    peak (what extrapolates up from it is then at least that)."""
+    slope = (large - small) / (high.samples - low.samples)
+    beyond = max(0.0, slope - counted)
+    return max(0.0, large - high.samples * (counted + beyond)), beyond
+
+
+def _moment_lines(found: list, rest: float, lean: Probe | None, lean_two: Probe | None):
+    """The blocks with their moments in backward (Block.moment) and (constant, per sample)
+    of the moments outside them, from the two lean probes (every block recomputed); None
+    where those did not tell every block's moment apart."""
+    if not found or lean is None or lean_two is None or lean.moments is None or \
+            lean_two.moments is None or lean_two.samples <= lean.samples:
+        return None
+    a, b = lean.moments, lean_two.moments
+    if any(i not in a.blocks or i not in b.blocks for i in range(len(found))):
+        return None
+    # the moments are live bytes; what is resident beyond them at a peak (the heap's free
+    # chunks, pages a first-fit layout left between blocks) is each probe's peak RSS over
+    # its largest moment, the larger of the two added to every moment
+    over = max(0.0, *(p.peak - max(p.moments.outside, *p.moments.blocks.values())
+                      for p in (lean, lean_two)))
+    every = tuple(range(len(found)))
+    out = []
+    for i, block in enumerate(found):
+        held = limit_plan.moment_bytes(found, rest, i, every)
+        moment, least = _line(lean, lean_two, a.blocks[i], b.blocks[i], held)
+        out.append(dataclasses.replace(block, moment=moment + over, moment_least=least))
+    flat, least = _line(lean, lean_two, a.outside, b.outside)
+    return out, (flat + over, least)
 
 
 def memory_backed(path: str | None) -> bool:
