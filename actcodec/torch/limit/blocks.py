@@ -91,8 +91,9 @@ def running(state: Running):
 class _Outside:
     """A context in which no plan is running: a recomputation in backward runs its block's
     forward as it is (no second checkpoint, nothing counted twice), its position-wise
-    children in the plan's `chunks` still. Reusable, as backward may recompute a region more
-    than once (retain_graph)."""
+    children in the plan's `chunks` still; a profile's `moments` hear that block `index`'s
+    moment in backward begins. Reusable, as backward may recompute a region more than once
+    (retain_graph)."""
 
     def __init__(self, chunks: int = 1, moments=None, index: int | None = None):
         self.chunks = chunks

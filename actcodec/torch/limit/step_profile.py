@@ -131,7 +131,7 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
     context = storage if storage is not None else contextlib.nullcontext() if peak_only \
         else torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with meter.peak() as peak:
-        if moments and getattr(meter, "live_peak", lambda: None)() is not None:
+        if moments and meter.live_peak() is not None:
             out.moments = out.state.moments = Moments(meter, base)
             out.moments.start()
         try:
