@@ -209,9 +209,9 @@ def phases(profile: Profile, recompute, storage: Storage, samples: int,
     beyond = held - held_bytes(profile, range(len(profile.blocks)))
     peak = max(profile.fixed + samples * (profile.work + held + storage.extra),
                profile.flat + samples * (profile.least + storage.extra + beyond))
-    for i, b in enumerate(profile.blocks):
-        at = moment_bytes(profile.blocks, profile.rest, i, recompute, chunks, storage.ratio)
-        peak = max(peak, b.moment + samples * (b.moment_least + storage.extra + at))
+    at = moments_bytes(profile.blocks, profile.rest, recompute, chunks, storage.ratio)
+    for b, held_then in zip(profile.blocks, at):
+        peak = max(peak, b.moment + samples * (b.moment_least + storage.extra + held_then))
     return peak
 
 
@@ -227,10 +227,18 @@ def moment_bytes(blocks, rest: float, i: int, recompute, chunks: int = 1,
     backward reaches them last to first): what the blocks before it and the saves outside
     all blocks hold (stored at `ratio`), and its own saves at full size (recomputed, or
     brought back for its backward) with one chunk's recomputation."""
-    before = sum(b.inputs if j in recompute else b.chunked(chunks)[0]
-                 for j, b in enumerate(blocks[:i]))
-    saved, chunk = blocks[i].chunked(chunks)
-    return ratio * (rest + before) + saved + chunk
+    return moments_bytes(blocks[:i + 1], rest, recompute, chunks, ratio)[i]
+
+
+def moments_bytes(blocks, rest: float, recompute, chunks: int = 1,
+                  ratio: float = 1.0) -> list:
+    """moment_bytes of every block, in one pass (the solver asks for them per plan)."""
+    recompute, out, before = frozenset(recompute), [], 0.0
+    for j, b in enumerate(blocks):
+        saved, chunk = b.chunked(chunks)
+        out.append(ratio * (rest + before) + saved + chunk)
+        before += b.inputs if j in recompute else saved
+    return out
 
 
 def _transient(profile: Profile, recompute, chunks: int) -> float:

@@ -432,11 +432,10 @@ def _moment_lines(found: list, rest: float, lean: Probe | None, lean_two: Probe 
     # its largest moment, the larger of the two added to every moment
     over = max(0.0, *(p.peak - max(p.moments.outside, *p.moments.blocks.values())
                       for p in (lean, lean_two)))
-    every = tuple(range(len(found)))
+    held = limit_plan.moments_bytes(found, rest, tuple(range(len(found))))
     out = []
     for i, block in enumerate(found):
-        held = limit_plan.moment_bytes(found, rest, i, every)
-        moment, least = _line(lean, lean_two, a.blocks[i], b.blocks[i], held)
+        moment, least = _line(lean, lean_two, a.blocks[i], b.blocks[i], held[i])
         out.append(dataclasses.replace(block, moment=moment + over, moment_least=least))
     flat, least = _line(lean, lean_two, a.outside, b.outside)
     return out, (flat + over, least)
