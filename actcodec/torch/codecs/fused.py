@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 
 from ... import choice, container, encoder, quant
@@ -137,11 +138,12 @@ def _stats(dev) -> torch.Tensor:
 
 
 def _read(stats: torch.Tensor) -> tuple:
-    """The statistics rows, read in one host sync and summed up: nonzero count, whether the
-    nonzero elements are one bit pattern, non-finite elements, huge elements, bad groups."""
-    rows = stats.tolist()
-    nnz, nonfinite, huge, bad = (sum(r[k] for r in rows) for k in (0, 3, 4, 5))
-    lo, hi = min(r[1] for r in rows), max(r[2] for r in rows)
+    """The statistics rows, read (one host sync for device rows) and summed up: nonzero
+    count, whether the nonzero elements are one bit pattern, non-finite elements, huge
+    elements, bad groups."""
+    rows = stats.cpu().numpy().astype(np.int64)  # int64: 128 rows of int32 counts may wrap
+    nnz, nonfinite, huge, bad = (int(rows[:, k].sum()) for k in (0, 3, 4, 5))
+    lo, hi = int(rows[:, 1].min()), int(rows[:, 2].max())
     return nnz, nnz > 0 and lo == hi, nonfinite, huge, bad
 
 
