@@ -12,7 +12,10 @@ that path produces.
 Host syncs: one per encode, the statistics row the codec choice (and the NaN check) needs.
 With the quant codec, or "auto" with bits, the quantization runs before that read, in the
 same pass as the statistics; where the choice is then a bitmap codec, the bitmap pass
-follows. Decoding reads nothing back.
+follows. Decoding reads nothing back. `encode_unread` is the quant pass without the read:
+its statistics travel to the host behind the kernel (`Unread`), and whoever holds the input
+until they arrive learns then whether `encode` would have given the same (the save path's
+window, actcodec.torch.codecs.packed).
 """
 from __future__ import annotations
 
@@ -76,12 +79,11 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
     group = p["group_size"] if p else None
     if bits is not None and codec in ("auto", "quant") and _tile_holds(n, group):
         bufs, stats = _quantize(flat, name, p)
-        nnz, one_value, nonfinite_count, huge, bad = _read(stats)
+        counts = _read(stats)
+        nnz, one_value, nonfinite_count, huge, bad = counts
         if nonfinite_count or bad:
             return device.encode(t, codec, **kw)  # its error, or its escapes
-        if codec == "auto":
-            codec = choice.smallest(choice.sizes_from_counts(n, nnz, es, bits, group,
-                                                             one_value))
+        codec = _quant_choice(codec, counts, n, es, p)
         if codec == "quant":
             return container.Encoded("quant", name, shape, p, bufs)
         bm, counts = _bitmap(flat, name)[:2]
@@ -115,6 +117,67 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
 
 
 _TORCH = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _quant_choice(codec: str, counts: tuple, n: int, es: int, p: dict) -> str:
+    """The codec `encode` gives once the quant pass's statistics are read (no bad group)."""
+    if codec != "auto":
+        return codec
+    nnz, one_value = counts[:2]
+    return choice.smallest(choice.sizes_from_counts(n, nnz, es, p["bits"], p["group_size"],
+                                                    one_value))
+
+
+class Unread:
+    """Statistics rows of a quant pass on their way to the host: on a GPU copied behind the
+    kernel into pinned memory, with an event after the copy, so that nothing waits for the
+    device until they are read (CPU tensors, under the interpreter: the rows themselves)."""
+
+    __slots__ = ("host", "event", "n", "es", "codec", "params")
+
+    def __init__(self, stats: torch.Tensor, n: int, es: int, codec: str, params: dict):
+        self.n, self.es, self.codec, self.params = n, es, codec, params
+        if stats.device.type == "cuda":
+            self.host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            self.host.copy_(stats, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = stats, None
+
+    def ready(self) -> bool:
+        """Whether reading them now would not wait for the device."""
+        return self.event is None or self.event.query()
+
+    def same_as_encode(self) -> bool:
+        """Whether `encode` would have returned this quant encoding (waits for the device if
+        the statistics have not arrived): no bad group, and "auto" would choose quant."""
+        if self.event is not None:
+            self.event.synchronize()
+        counts = _read(self.host)
+        if counts[2] or counts[4]:  # non-finite elements, bad groups: encode's error
+            return False
+        return _quant_choice(self.codec, counts, self.n, self.es, self.params) == "quant"
+
+
+def encode_unread(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
+                  group_size: int | None = 256, rounding: str = "nearest",
+                  seed: int = 0) -> tuple[container.Encoded, Unread] | None:
+    """The quant encoding of t that `encode(t, codec, bits=...)` gives when its input has no
+    bad group and ("auto") quant is the smallest codec, without reading anything back, and the
+    statistics that say whether it does (`Unread.same_as_encode`); the caller keeps t as it is
+    until then, to encode it again where it does not. None where the kernels do not take t
+    (encode it with `encode`)."""
+    if bits is None or codec not in ("auto", "quant") or not isinstance(t, torch.Tensor) or \
+            kernels() is None or t.dtype not in _TORCH or not 0 < t.numel() < _LIMIT:
+        return None
+    p = encoder.check(codec, bits, group_size, rounding, "raise", seed, 0.0)
+    flat, name = device._flat_bits(t)
+    if not _tile_holds(flat.numel(), p["group_size"]):
+        return None
+    bufs, stats = _quantize(flat, name, p)
+    enc = container.Encoded("quant", name, tuple(int(d) for d in t.shape), p, bufs)
+    return enc, Unread(stats, flat.numel(), flat.element_size(), codec, p)
 
 
 def _tile_holds(n: int, group: int | None) -> bool:

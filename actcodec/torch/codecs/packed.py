@@ -55,7 +55,8 @@ class Packed:
     narrowed to a smaller integer type) with the version it had when saved."""
 
     __slots__ = ("enc", "layout", "kept", "version", "original_nbytes", "opts", "uses",
-                 "on_decode", "_pending", "_decoded", "spill", "lock", "probe", "__weakref__")
+                 "on_decode", "_pending", "_decoded", "spill", "lock", "probe", "unsettled",
+                 "__weakref__")
 
     def __init__(self, enc=None, layout=None, kept=None, original_nbytes=0, opts=None):
         self.enc, self.layout, self.kept = enc, layout, kept
@@ -73,6 +74,9 @@ class Packed:
         # holds while it re-encodes or pages this out and backward restores it.
         self.spill, self.lock = None, None
         self.probe = None  # the profile step's sensitivity.Probe that watches this save
+        # A device encoding whose statistics have not been read (`pack(defer=True)`): the
+        # saved tensor is held until `settle` reads them.
+        self.unsettled: Unsettled | None = None
 
     @property
     def codec(self) -> str:
@@ -128,7 +132,30 @@ class Packed:
         with self.lock:
             return self._restore_now()
 
+    def settle(self) -> None:
+        """A deferred device encoding made final: kept where its statistics say `encode`
+        would have given the same, else encoded again from the held tensor by `encode` (its
+        choice of codec, or its error for a NaN/inf); then the tensor is let go. Until it
+        succeeds the encoding stays unsettled, so nothing decodes bytes that were not checked.
+        Waits for the device only where the statistics have not arrived."""
+        u = self.unsettled
+        if u is None:
+            return
+        if not u.unread.same_as_encode():
+            if u.source._version != u.version:
+                raise RuntimeError(
+                    f"a saved [{u.source.dtype} {list(u.source.shape)}] tensor was modified "
+                    f"in place before actcodec read its device encoding's statistics (plain "
+                    f"PyTorch refuses such a change at backward)")
+            enc = fused.encode(u.source, u.unread.codec, keep_raw=u.keep_raw, **u.kwargs)
+            if enc is None:
+                self.enc, self.layout, self.kept, self.version = None, None, u.t, u.version
+            else:
+                self.enc = enc
+        self.unsettled = None
+
     def _restore_now(self) -> torch.Tensor:
+        self.settle()
         enc, kept = self.enc, self.kept
         if self.spill is not None:
             spill, where, template = self.spill
@@ -157,6 +184,7 @@ class Packed:
 
     def page_out(self, spill) -> None:
         """Write the payload (or narrowed integers) to `spill` and drop it from memory."""
+        self.settle()
         if self.enc is not None:
             where = spill.write(self.enc.buffers)
             self.spill, self.enc = (spill, where, replace(self.enc, buffers=())), None
@@ -187,19 +215,37 @@ def _decode_into(enc, dest: torch.Tensor, opts) -> None:
                                   opts if opts is not None else _options.resolve())
 
 
+class Unsettled:
+    """What settling a deferred encoding needs: its statistics, the saved tensor (t) and the
+    elements encoded (source), source's version then, and how `encode` was to be called."""
+
+    __slots__ = ("unread", "t", "source", "version", "kwargs", "keep_raw")
+
+    def __init__(self, unread, t, source, kwargs: dict, keep_raw: bool):
+        self.unread, self.t, self.source, self.kwargs = unread, t, source, kwargs
+        self.version, self.keep_raw = source._version, keep_raw
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor held until settled."""
+        return self.source.numel() * self.source.element_size()
+
+
 def keep(t: torch.Tensor) -> Packed:
     return Packed(kept=t, original_nbytes=t.numel() * t.element_size())
 
 
 def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
-         opts: dict | None = None, alloc=None) -> Packed:
+         opts: dict | None = None, alloc=None, defer: bool = False) -> Packed:
     """Compress `t` as `setting` says (see the module docstring for what is kept). Payloads
     take memory from `store` (an actcodec Store, or None for numpy's heap; `alloc`, its
     allocator, when the caller made one); the tensors backward decodes come from torch's
     allocator, like the ops' own (actcodec.torch.allocator serves both from a store).
     keep_dense=False: a dense tensor under a lossless setting is copied into a raw payload
     rather than kept (a budget can then page it out or re-encode it). opts: the codec
-    call's resolved options (default: the setting's thread count)."""
+    call's resolved options (default: the setting's thread count). defer: on a device whose
+    kernels take it, a quant encoding is returned before its statistics are read, unsettled
+    (see `Packed.settle`; the caller settles it)."""
     t = t.detach()
     nbytes = t.numel() * t.element_size()
     if setting.codec == "keep" or t.is_complex() or t.is_sparse or t.is_quantized:
@@ -223,8 +269,16 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
             setting.codec, setting.params, opts, alloc if alloc is not None else
             store_alloc(store), keep_raw=keep_dense, wrap=torch.from_numpy)
     else:
+        unread = fused.encode_unread(source, setting.codec, **setting.codec_kwargs()) \
+            if defer and fused.applies(source) else None
+        if unread is not None:
+            packed = Packed(unread[0], lay, original_nbytes=source.numel() *
+                            source.element_size(), opts=opts)
+            packed.unsettled = Unsettled(unread[1], t, source, setting.codec_kwargs(),
+                                         keep_dense)
+            return packed
         enc = fused.route(source).encode(source, setting.codec, keep_raw=keep_dense,
-                            **setting.codec_kwargs())
+                                         **setting.codec_kwargs())
     if enc is None:
         return keep(t)
     return Packed(enc, lay, original_nbytes=source.numel() * source.element_size(), opts=opts)

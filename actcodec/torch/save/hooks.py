@@ -139,8 +139,8 @@ class compress_saved:
         try:
             return self._hooks.__exit__(*exc)
         finally:
-            self.session.__exit__(*exc)
-            self.session = None
+            session, self.session = self.session, None
+            session.__exit__(*exc)  # may raise: a NaN/inf its unsettled saves show
 
 
 def _in_host_memory(model) -> bool:

@@ -26,6 +26,7 @@ from . import boundary
 from .accounting import Row
 from ..codecs.packed import Packed, keep, pack, store_alloc
 from .policy import Policy, Setting
+from .unsettled import Window
 
 DEFAULT_STORE = "default"  # the process's store (actcodec.store.default())
 DEFAULT_POLICY = Policy()  # immutable: stochastic draws are numbered by the session
@@ -91,6 +92,8 @@ class SaveSession:
         self._seen: dict = {}
         self._kept: dict = {}  # same key -> packed ref
         self._token, self._thread = None, None
+        self.unsettled = Window(self._settled)  # device saves whose statistics are on the way
+        self._held: dict = {}  # id of an unsettled Packed -> (its Row, its Held)
 
     # ---- entering and leaving ----
 
@@ -101,10 +104,18 @@ class SaveSession:
         return self
 
     def __exit__(self, *exc) -> None:
-        _CURRENT.reset(self._token)
-        self._seen.clear()
-        self._kept.clear()
-        self.modules = []
+        try:
+            if exc and exc[0] is not None:
+                self.unsettled.drop()
+            else:
+                self.unsettled.settle_all()  # a NaN/inf in a save raises as the forward ends
+        finally:
+            _CURRENT.reset(self._token)
+            self._token = None
+            self._seen.clear()
+            self._kept.clear()
+            self._held.clear()
+            self.modules = []
 
     def enter_module(self, module, args) -> None:
         if threading.get_ident() == self._thread:  # the module hooks are process-wide
@@ -141,11 +152,13 @@ class SaveSession:
         return policy.setting(op, layer, nbytes)
 
     def save(self, t: torch.Tensor, op: str, layer=None, policy: Policy | None = None,
-             setting: Setting | None = None, held: bool = True) -> Packed:
+             setting: Setting | None = None, held: bool = True,
+             defer: bool = False) -> Packed:
         """t stored as the policy says for this op and layer (or as the budget plans it),
         recorded, and held: counted until it is garbage (held=False: the caller holds it,
         as `save_for_backward` does for what autograd keeps; under a budget it is held
-        through the budget either way)."""
+        through the budget either way). defer: in an entered session with no budget and no
+        guard measuring, a device save need not wait for its statistics (`unsettled`)."""
         nbytes = t.numel() * t.element_size()
         if setting is None:
             setting = self.setting(policy if policy is not None else self.policy, op, layer,
@@ -160,10 +173,17 @@ class SaveSession:
         elif budget is None and self.guard is not None and setting.bits is not None and \
                 not fixed:
             setting, site = self.guard.setting_for(op, layer, t, setting)
+        defer = defer and budget is None and self._token is not None and \
+            (self.guard is None or self.guard.probe is None)
         t0 = time.perf_counter()
         packed = pack(t, setting, self.store, keep_dense=budget is None,
-                      opts=self.options(setting.thread_count()), alloc=self.alloc)
-        return self.adopt(packed, op, layer, time.perf_counter() - t0, t, setting, site, held)
+                      opts=self.options(setting.thread_count()), alloc=self.alloc,
+                      defer=defer)
+        packed = self.adopt(packed, op, layer, time.perf_counter() - t0, t, setting, site,
+                            held)
+        if packed.unsettled is not None:
+            self.unsettled.add(packed)
+        return packed
 
     def adopt(self, packed: Packed, op: str, layer, seconds: float, t=None, setting=None,
               site=None, held: bool = False) -> Packed:
@@ -174,7 +194,7 @@ class SaveSession:
             if self.stats is not None:
                 self.stats.kept += 1
             return packed
-        self._record(packed, op, layer, seconds)
+        row = self._record(packed, op, layer, seconds)
         budget = self.active_budget()
         if budget is not None:
             if packed.enc is None or site is None:
@@ -185,8 +205,23 @@ class SaveSession:
         if site is not None and self.guard is not None:
             self.guard.admit(t, packed, op, site)
         if held and self.stats is not None:
-            hold(self.stats, packed, packed.nbytes)
+            counted = hold(self.stats, packed, packed.nbytes)
+            if packed.unsettled is not None:
+                self._held[id(packed)] = (row, counted)
         return packed
+
+    def _settled(self, packed: Packed, before: tuple) -> None:
+        """An unsettled save settled; where it was encoded again, its row and count follow."""
+        row, counted = self._held.pop(id(packed), (None, None))
+        codec, nbytes = before
+        if row is None or (packed.codec, packed.nbytes) == before:
+            return
+        row.compressed_bytes += packed.nbytes - nbytes
+        row.codecs[codec] -= 1
+        if not row.codecs[codec]:
+            del row.codecs[codec]
+        row.codecs[packed.codec] = row.codecs.get(packed.codec, 0) + 1
+        resize(self.stats, counted, packed.nbytes)
 
     def save_mask(self, mask: torch.Tensor, op: str, layer=None,
                   policy: Policy | None = None) -> Packed:
@@ -195,10 +230,11 @@ class SaveSession:
         return self.save(mask, op, layer, setting=Setting(codec="mask", bits=None,
                                                           threads=threads), held=False)
 
-    def _record(self, packed: Packed, op: str, layer, seconds: float) -> None:
-        """One unique compressed tensor in the statistics; its decodes are timed there too."""
+    def _record(self, packed: Packed, op: str, layer, seconds: float):
+        """One unique compressed tensor in the statistics (its Row, or None without them);
+        its decodes are timed there too."""
         if self.stats is None:
-            return
+            return None
         key = (layer or "-", op)
         row = self.stats.rows.get(key)
         if row is None:
@@ -212,6 +248,7 @@ class SaveSession:
         def on_decode(dt, row=row):
             row.decode_seconds += dt
         packed.on_decode = on_decode
+        return row
 
     def hold_as_is(self, owner, nbytes: int) -> None:
         """nbytes about to be held as they are until `owner` is garbage: within the budget
@@ -263,7 +300,7 @@ class SaveSession:
                 packed.uses += 1
                 return packed
         op, layer = self._where(t, clamp=edges is not None)
-        packed = self.save(t, op, layer)
+        packed = self.save(t, op, layer, defer=True)
         if packed.is_kept:  # counted as kept by save; held here
             return self._keep(t, packed, counted=True)
         self._seen[key] = (weakref.ref(t), weakref.ref(packed))
@@ -350,6 +387,8 @@ class SaveSession:
         Packed rides on ctx whole, so the keeper can re-encode or page it out later."""
         saved, slots = [], []
         for item in items:
+            if isinstance(item, Packed):
+                item.settle()  # its buffers are final before autograd holds them
             if isinstance(item, Packed) and item.lock is not None:
                 slots.append((item, 0))  # held through the budget
             elif isinstance(item, Packed):

@@ -1,0 +1,196 @@
+"""Device saves that do not wait for their statistics (pack(defer=True), save/unsettled.py):
+settled, they are exactly what a waiting encode gives (its bytes, its codec choice, its
+NaN error), nothing decodes one before it is settled, the window holds at most its limit
+beyond one save, and a step's gradients and accounting match the waiting path. Without a
+GPU the kernels run on CPU tensors under Triton's interpreter, routed as device tensors."""
+import os
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import actcodec  # noqa: E402
+import actcodec.torch as act  # noqa: E402
+from actcodec.torch.codecs import fused  # noqa: E402
+from actcodec.torch.codecs import packed as packing  # noqa: E402
+from actcodec.torch.save.policy import Setting  # noqa: E402
+from actcodec.torch.save.unsettled import Window  # noqa: E402
+
+GPU = torch.device("cuda") if torch.cuda.is_available() else None
+if GPU is None and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+@pytest.fixture
+def as_device(monkeypatch):
+    """CPU tensors take the device path (the kernels, interpreted) as a GPU's would."""
+    if GPU is None:
+        monkeypatch.setattr(packing, "_host_path", lambda t: False)
+        monkeypatch.setattr(fused, "applies", lambda t: True)
+
+
+def here(t):
+    return t.to(GPU) if GPU else t
+
+
+def bits_of(t):
+    return t.reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def randn(*shape, seed=0):
+    return here(torch.randn(*shape, generator=torch.Generator().manual_seed(seed)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_dense_save_is_the_waiting_encode_and_reads_nothing(as_device, monkeypatch, dtype):
+    x = randn(3, 1000).to(dtype)
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda s: reads.append(1) or real(s))
+    p = packing.pack(x, Setting(bits=8), defer=True)
+    assert reads == [] and p.unsettled is not None and p.codec == "quant"
+    assert p.unsettled.unread.same_as_encode()
+    p.settle()
+    assert p.unsettled is None and p.codec == "quant"
+    monkeypatch.undo()
+    want = fused.encode(x, "auto", bits=8)
+    assert p.enc.to("cpu").to_bytes() == want.to("cpu").to_bytes()
+    assert torch.equal(bits_of(p.unpack()), bits_of(packing.pack(x, Setting(bits=8)).unpack()))
+
+
+def test_a_sparse_save_is_encoded_again_as_auto_chooses(as_device):
+    x = torch.relu(randn(4096, seed=1)) * (randn(4096, seed=2) > 1.0)  # ~16% nonzero
+    p = packing.pack(x, Setting(bits=4), defer=True)
+    assert p.codec == "quant"
+    p.settle()
+    want = fused.encode(x, "auto", bits=4)
+    assert want.codec == "bitmap_quant" and p.codec == "bitmap_quant"
+    assert p.enc.to("cpu").to_bytes() == want.to("cpu").to_bytes()
+    assert p.unsettled is None
+
+
+def test_a_nan_raises_the_c_paths_error_and_nothing_decodes(as_device):
+    x = randn(5000, seed=3)
+    x[1234] = float("nan")
+    with pytest.raises(actcodec.NonFiniteError) as c:
+        actcodec.encode(x.cpu(), bits=8)
+    p = packing.pack(x, Setting(bits=8), defer=True)
+    for _ in range(2):  # it stays unsettled: every read raises
+        with pytest.raises(actcodec.NonFiniteError) as got:
+            p.unpack()
+        assert got.value.index == c.value.index == 1234
+        assert p.unsettled is not None
+
+
+def test_a_save_changed_in_place_before_it_settles_is_refused(as_device):
+    x = torch.relu(randn(4096, seed=4)) * (randn(4096, seed=5) > 1.0)
+    p = packing.pack(x, Setting(bits=8), defer=True)
+    x.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        p.settle()
+
+
+def test_the_tensor_is_let_go_once_settled(as_device):
+    x = randn(4000, seed=6)
+    p = packing.pack(x, Setting(bits=2), defer=True)
+    held = p.unsettled
+    assert held.t.data_ptr() == x.data_ptr() and held.nbytes == x.numel() * 4
+    refs = [weakref.ref(held.t), weakref.ref(held.source)]
+    del held
+    p.settle()
+    assert [r() for r in refs] == [None, None]  # nothing holds the tensor for it any more
+
+
+class FakeUnread:
+    def __init__(self, arrived):
+        self.arrived, self.reads = arrived, 0
+
+    def ready(self):
+        return self.arrived
+
+    def same_as_encode(self):
+        self.reads += 1
+        return True
+
+
+class FakeSave:
+    """A Packed stand-in: `nbytes` held until settled, statistics arrived or not."""
+
+    def __init__(self, nbytes, arrived):
+        self.codec, self.nbytes = "quant", 1
+        self.unsettled = packing.Unsettled(FakeUnread(arrived), None,
+                                           torch.empty(nbytes, dtype=torch.uint8), {}, True)
+        self.settled = False
+
+    def settle(self):
+        self.settled, self.unsettled = True, None
+
+
+def test_the_window_reads_what_arrived_and_waits_for_the_oldest_over_its_limit():
+    done = []
+    w = Window(lambda p, before: done.append(p), limit=100)
+    a, b, c = FakeSave(60, False), FakeSave(30, False), FakeSave(50, False)
+    w.add(a)
+    w.add(b)
+    assert done == [] and w.nbytes == 90  # under the limit, nothing arrived: no wait
+    w.add(c)  # 140 > 100: the oldest is waited for, then it fits
+    assert done == [a] and w.nbytes == 80 and len(w) == 2
+    d = FakeSave(500, True)
+    b.unsettled.unread.arrived = True  # b arrived; c has not: b is read, c stays
+    w.add(d)  # over the limit with c still first: c is waited for; d arrived
+    assert done == [a, b, c, d] and w.nbytes == 0
+    big = FakeSave(1000, False)
+    w.add(big)  # alone over the limit: held, never waited for at its own save
+    assert done[-1] is d and len(w) == 1
+    w.settle_all()
+    assert done[-1] is big and w.nbytes == 0
+
+
+def _model():
+    torch.manual_seed(0)
+    # the Threshold's output is sparse, and a Linear saves it as "auto": encoded again
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                               torch.nn.Linear(256, 256), torch.nn.Threshold(0.5, 0.0),
+                               torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 8))
+
+
+def _grads(model, x, policy):
+    model.zero_grad()
+    with act.compress_saved(policy, model=model, guard=False) as ctx:
+        loss = model(x).square().sum()
+    stored = ctx.stats.stored_bytes
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()], ctx.stats, stored
+
+
+def test_a_step_matches_the_waiting_path(as_device, monkeypatch):
+    from actcodec.torch.save import save as saving
+    model = _model().to(GPU) if GPU else _model()
+    x = randn(64, 64, seed=7)
+    policy = act.Policy.preset("4bit")
+    made = []
+    real = saving.pack
+    monkeypatch.setattr(saving, "pack", lambda *a, **k: made.append(k["defer"]) or real(*a, **k))
+    deferred, stats, held = _grads(model, x, policy)
+    assert any(made)  # the hooks' saves were deferred
+    monkeypatch.setattr(saving, "pack", lambda *a, **k: real(*a, **{**k, "defer": False}))
+    waited, wstats, wheld = _grads(model, x, policy)
+    for a, b in zip(deferred, waited):
+        assert torch.equal(a, b)
+    rows = {k: (r.codecs, r.compressed_bytes) for k, r in stats.rows.items()}
+    assert rows == {k: (r.codecs, r.compressed_bytes) for k, r in wstats.rows.items()}
+    assert rows[("4", "linear")][0] == {"bitmap_quant": 1}  # the Threshold's output
+    assert held == wheld > 0
+
+
+def test_a_nan_in_a_step_raises_by_the_end_of_forward(as_device):
+    model = _model().to(GPU) if GPU else _model()
+    x = randn(64, 64, seed=8)
+    x[3, 5] = float("inf")
+    with pytest.raises(actcodec.NonFiniteError):
+        with act.compress_saved(act.Policy.preset("8bit"), model=model, guard=False):
+            model(x).sum()
