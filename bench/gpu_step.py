@@ -10,6 +10,10 @@ plan (every block recomputed, one micro-batch), with its chunked loss and with t
 whole one, so that what Step's own step costs beside checkpointing's shows apart from its
 plan.
 
+Per step also the caching allocator's calls to the driver (`driver_calls`: blocks reserved,
+freed, allocations retried), which wait for the device: a step under a limit that empties the
+cache or frees at the memory fraction pays them where plain training does not.
+
 The peak is read from outside Step: Step resets the device's peak counter for its own
 readings, so here a thread samples `torch.cuda.memory_reserved()` every 0.5 ms and the step's
 end is read too (the caching allocator's reservation only falls when its cache is emptied,
@@ -82,6 +86,16 @@ def cosine(a: list, b: list) -> float:
     return dot / (na * nb)
 
 
+def driver_calls() -> tuple:
+    """The caching allocator's calls to the driver so far: blocks reserved, blocks freed (an
+    emptied cache, or a retry at the memory fraction), allocations retried after freeing.
+    Each is a device allocation or free, which waits for the device: a step that makes them
+    pays for them in time."""
+    s = torch.cuda.memory_stats()
+    return (s.get("num_device_alloc", 0), s.get("num_device_free", 0),
+            s.get("num_alloc_retries", 0))
+
+
 def alternatives(step) -> dict:
     """What the solver's model says of a few plans at this profile (seconds, peak MiB above
     the floor): how it ranked micro-batches against recomputation."""
@@ -115,13 +129,14 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
         step = act.Step(m, limit="free", optimizer=opt, plan=every,
                         chunk_loss="whole loss" not in cfg)
     out = {"config": cfg, "limit_MiB": None if limit is None else limit // MiB,
-           "peaks_MiB": [], "times_ms": []}
+           "peaks_MiB": [], "times_ms": [], "driver_calls": []}
     grads = None
     with Sampler() as sampler:
         for i in range(steps):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             sampler.take()
+            before = driver_calls()
             t0 = time.perf_counter()
             try:
                 if step is not None:
@@ -143,6 +158,7 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
             opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
             out["times_ms"].append(round((time.perf_counter() - t0) * 1e3, 1))
+            out["driver_calls"].append([b - a for a, b in zip(before, driver_calls())])
             peak = sampler.take() if step is not None else torch.cuda.max_memory_reserved()
             out["peaks_MiB"].append(round(peak / MiB))
     if out["times_ms"]:
@@ -188,6 +204,12 @@ def layout_runs(name: str, steps: int) -> list:
     return rows
 
 
+def calls(r: dict) -> str:
+    """The last step's driver calls: reserved / freed / retried."""
+    last = (r.get("driver_calls") or [None])[-1]
+    return "-" if not last else "/".join(map(str, last))
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Step on a GPU: {res['gpu']}, torch {res['torch']}", "",
              "Written by `python bench/gpu_step.py`; peaks are the device's reserved memory "
@@ -196,17 +218,18 @@ def markdown(res: dict) -> str:
         plain = rows[0]["step_ms"]
         lines += [f"## {name}, batch {res['shapes'][name]}", "",
                   "| config | limit MiB | every step's peak MiB | within | step ms | vs plain | "
-                  "cosine to plain | plan |", "|---|---|---|---|---|---|---|---|"]
+                  "cosine to plain | driver calls, last step | plan |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "refused" in r:
                 lines.append(f"| {r['config']} | {r['limit_MiB']} | refused: {r['refused']} "
-                             f"| | | | | |")
+                             f"| | | | | | |")
                 continue
             within = {True: "yes", False: "NO", None: "-"}[r.get("within")]
             lines.append(f"| {r['config']} | {r['limit_MiB'] or '-'} | "
                          f"{', '.join(map(str, r['peaks_MiB']))} | {within} | {r['step_ms']} | "
                          f"{r['step_ms'] / plain:.2f}x | {r.get('cosine', '-')} | "
-                         f"{r.get('plan', '-')} |")
+                         f"{calls(r)} | {r.get('plan', '-')} |")
         lines.append("")
     return "\n".join(lines)
 
