@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import actcodec  # noqa: E402
-from actcodec import container  # noqa: E402
+from actcodec import bitmap, container  # noqa: E402
 from actcodec.torch.codecs import backend as bridge  # noqa: E402
 from actcodec.torch.codecs import device  # noqa: E402
 from strategies import LENGTHS, SPECIAL  # noqa: E402
@@ -406,6 +406,28 @@ def test_one_host_read_per_encode_and_none_to_decode(monkeypatch, codec, kw):
     assert reads == [], reads
     monkeypatch.undo()
     assert same_bits(out, actcodec.encode(x, codec, **kw).decode(dtype=out.dtype))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 4099])
+@pytest.mark.parametrize("fill", ["random", "none", "all"])
+def test_a_bool_mask_reads_nothing_back_either_way(monkeypatch, n, fill):
+    # a dropout's mask: the C path's bytes with no count read, and decoded with none
+    t = {"random": torch.rand(n) < 0.3, "none": torch.zeros(n, dtype=torch.bool),
+         "all": torch.ones(n, dtype=torch.bool)}[fill]
+    reads = []
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "nonzero"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _r=real, **k:
+                            reads.append(_n) or _r(self, *a, **k))
+    enc = device.encode(t, "auto", bits=8)
+    out = torch.empty(n, dtype=torch.bool)
+    device.decode_into(enc, out, "bool")
+    assert reads == [], reads
+    monkeypatch.undo()
+    c = actcodec.encode(t)
+    assert enc.codec == c.codec == "mask" and enc.to_bytes() == c.to_bytes()
+    assert torch.equal(out, t)
+    assert bridge.decode(enc).equal(t) and bitmap.nonzero_count(enc, enc.buffers[0]) == c.nnz
 
 
 def test_dense_lossless_keeps_the_tensor_and_masks_take_one_bit():

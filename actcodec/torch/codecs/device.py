@@ -11,7 +11,8 @@ tests hold this path to the C one byte for byte.
 
 Host syncs: one per encode, where the counts the codec choice needs (nonzero elements,
 whether they are one value, non-finite and huge elements) cross to the host together; none
-inside bitmap or quant, and none in decode for an encoding that knows its nonzero count.
+inside bitmap or quant, none for a bool tensor's mask (a dropout's: its size and its one value
+are known), and none in decode for a mask or an encoding that knows its nonzero count.
 
 The quantization math follows csrc/quant.c and csrc/quant_scalar.c operation by operation:
 every float op is a separate float32 torch op (no fused multiply-add, no division turned into
@@ -64,6 +65,11 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
     flat, name = _flat_bits(t)
     shape = tuple(int(d) for d in t.shape)
     n, es = flat.numel(), flat.element_size()
+    if name == "bool" and codec in ("auto", "mask"):
+        # every nonzero element is True: the mask needs no count, and none is read (its
+        # nnz is counted from the bitmap if ever asked for)
+        return container.Encoded("mask", name, shape, {}, (
+            _packbits(flat), torch.ones(1, dtype=torch.uint8, device=flat.device)))
     survey = None
     if codec != "raw":
         survey = _survey(flat, name, nonfinite)
@@ -396,11 +402,11 @@ def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
         flat_out.copy_(_dequantize(bufs, n, enc.dtype, target, enc.params).view(flat_out.dtype))
         return
     mask = _unpackbits(bufs[0], n)
-    nnz = nonzero_count(enc, bufs[0])
-    if enc.codec == "mask":
+    if enc.codec == "mask":  # its count is not needed (and may not be known)
         value = _view(bufs[1], flat_out.dtype)
         flat_out.copy_(torch.where(mask, value, torch.zeros_like(value)))
         return
+    nnz = nonzero_count(enc, bufs[0])
     if enc.codec == "bitmap":
         if bufs[1].numel() != nnz * es:
             raise ValueError(f"bitmap marks {nnz} nonzero elements but the values buffer "
