@@ -141,7 +141,7 @@ class Unread:
             self.host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
             self.host.copy_(stats, non_blocking=True)
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(stats.device))  # the copy's
         else:
             self.host, self.event = stats, None
 
@@ -188,6 +188,13 @@ def _tile_holds(n: int, group: int | None) -> bool:
 
 
 def _launch(kernel, programs: int, *args, **constants):
+    """Launch on the first argument's device (Triton launches on the current device's
+    stream, which a model spread over GPUs need not have made that one)."""
+    dev = args[0].device
+    if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
+        with torch.cuda.device(dev):
+            kernel[(programs,)](*args, **constants, enable_fp_fusion=False)
+        return
     kernel[(programs,)](*args, **constants, enable_fp_fusion=False)
 
 
