@@ -116,7 +116,7 @@ def test_every_step_of_a_padded_loop_under_a_limit_gives_the_plain_gradient():
         torch.manual_seed(0)
         model = make()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        # the limit: 0.7 of what plain training of the largest batch adds, measured here (a
+        # the limit: 0.6 of what plain training of the largest batch adds, measured here (a
         # long-running test process has its own floor and heap)
         largest = batch(*max(shapes), 1024, 99)
         probe = copy.deepcopy(model)
@@ -125,8 +125,8 @@ def test_every_step_of_a_padded_loop_under_a_limit_gives_the_plain_gradient():
             probe(**largest).loss.backward()
         del probe
         room = plain.nbytes - floor
-        step = act.Step(model, limit=resident.live() + int(0.7 * room), optimizer=opt, exact=True)
-        split = 0
+        step = act.Step(model, limit=resident.live() + int(0.6 * room), optimizer=opt, exact=True)
+        split, plans = 0, []
         for i, (n, t) in enumerate(shapes):
             b = batch(n, t, 1024, 10 + i)
             ref = copy.deepcopy(model)  # the same weights, trained plainly on this batch
@@ -137,10 +137,11 @@ def test_every_step_of_a_padded_loop_under_a_limit_gives_the_plain_gradient():
             got = torch.cat([p.grad.flatten() for p in model.parameters()])
             assert cosine(got, want) >= 0.99999, (name, i, step.describe())
             split += step.plan.micro_batches > 1 or bool(step.plan.recompute)
+            plans.append(step.describe())
             opt.step()
             opt.zero_grad()
         step.close()
-        assert split, f"{name}: no step needed a plan other than plain training"
+        assert split, f"{name}: no step needed a plan other than plain training: {plans}"
 
 
 def test_one_long_sample_runs_under_a_limit_its_plain_step_would_cross():
