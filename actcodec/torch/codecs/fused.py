@@ -15,7 +15,7 @@ same pass as the statistics; where the choice is then a bitmap codec, the bitmap
 follows. Decoding reads nothing back. `encode_unread` is the quant pass without the read:
 its statistics travel to the host behind the kernel (`Unread`), and whoever holds the input
 until they arrive learns then whether `encode` would have given the same (the save path's
-window, actcodec.torch.codecs.packed).
+window, actcodec.torch.save.unsettled, and Packed.settle).
 """
 from __future__ import annotations
 
