@@ -141,6 +141,7 @@ class Packed:
         u = self.unsettled
         if u is None:
             return
+        before = (self.codec, self.nbytes)
         if not u.unread.same_as_encode():
             if u.source._version != u.version:
                 raise RuntimeError(
@@ -149,10 +150,12 @@ class Packed:
                     f"PyTorch refuses such a change at backward)")
             enc = fused.encode(u.source, u.unread.codec, keep_raw=u.keep_raw, **u.kwargs)
             if enc is None:
-                self.enc, self.layout, self.kept, self.version = None, None, u.t, u.version
+                self.enc, self.layout, self.kept, self.version = None, None, u.t, u.t_version
             else:
                 self.enc = enc
         self.unsettled = None
+        if u.on_settled is not None:
+            u.on_settled(self, before)
 
     def _restore_now(self) -> torch.Tensor:
         self.settle()
@@ -217,13 +220,18 @@ def _decode_into(enc, dest: torch.Tensor, opts) -> None:
 
 class Unsettled:
     """What settling a deferred encoding needs: its statistics, the saved tensor (t) and the
-    elements encoded (source), source's version then, and how `encode` was to be called."""
+    elements encoded (source), their versions then, and how `encode` was to be called;
+    on_settled(packed, (codec, nbytes) before), if set, is told when it has settled (the
+    save session's accounting follows a save encoded again)."""
 
-    __slots__ = ("unread", "t", "source", "version", "kwargs", "keep_raw")
+    __slots__ = ("unread", "t", "source", "version", "t_version", "kwargs", "keep_raw",
+                 "on_settled")
 
     def __init__(self, unread, t, source, kwargs: dict, keep_raw: bool):
         self.unread, self.t, self.source, self.kwargs = unread, t, source, kwargs
         self.version, self.keep_raw = source._version, keep_raw
+        self.t_version = t._version if t is not None else None  # (a copy's is its own)
+        self.on_settled = None
 
     @property
     def nbytes(self) -> int:

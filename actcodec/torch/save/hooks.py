@@ -137,7 +137,8 @@ class compress_saved:
             h.remove()
         self._handles = []
         try:
-            return self._hooks.__exit__(*exc)
+            hooks, self._hooks = self._hooks, None
+            return hooks.__exit__(*exc)
         finally:
             session, self.session = self.session, None
             session.__exit__(*exc)  # may raise: a NaN/inf its unsettled saves show

@@ -92,7 +92,7 @@ class SaveSession:
         self._seen: dict = {}
         self._kept: dict = {}  # same key -> packed ref
         self._token, self._thread = None, None
-        self.unsettled = Window(self._settled)  # device saves whose statistics are on the way
+        self.unsettled = Window()  # device saves whose statistics are on the way
         self._held: dict = {}  # id of an unsettled Packed -> (its Row, its Held)
 
     # ---- entering and leaving ----
@@ -110,6 +110,7 @@ class SaveSession:
             else:
                 self.unsettled.settle_all()  # a NaN/inf in a save raises as the forward ends
         finally:
+            self.unsettled.drop()  # what a NaN/inf left unsettled is the step's garbage
             _CURRENT.reset(self._token)
             self._token = None
             self._seen.clear()
@@ -182,6 +183,7 @@ class SaveSession:
         packed = self.adopt(packed, op, layer, time.perf_counter() - t0, t, setting, site,
                             held)
         if packed.unsettled is not None:
+            packed.unsettled.on_settled = self._settled
             self.unsettled.add(packed)
         return packed
 

@@ -11,19 +11,21 @@ bytes, and reads the rest when the step's forward ends.
 """
 from __future__ import annotations
 
+import weakref
 from collections import deque
 
 IN_FLIGHT = 256 << 20  # bytes of saved tensors held until their encodings are read
 
 
 class Window:
-    """Unsettled Packed saves in the order they were made; `on_settled(packed, before)` is
-    called after each one settles, with its (codec, nbytes) before, so that accounting can
-    follow a save encoded again."""
+    """Unsettled Packed saves in the order they were made. A save may settle elsewhere first
+    (a backward inside the step reads it), or be let go unsettled (its graph freed: nothing
+    will read it); either leaves the window at its turn. The window holds the saves weakly:
+    they hold the tensors."""
 
-    def __init__(self, on_settled, limit: int = IN_FLIGHT):
-        self.on_settled, self.limit = on_settled, limit
-        self._saves: deque = deque()
+    def __init__(self, limit: int = IN_FLIGHT):
+        self.limit = limit
+        self._saves: deque = deque()  # (ref to a packed save, bytes it holds)
         self.nbytes = 0  # of the tensors held
 
     def __len__(self) -> int:
@@ -31,8 +33,9 @@ class Window:
 
     def add(self, packed) -> None:
         """Hold an unsettled save; read what has arrived, and wait while over the limit."""
-        self._saves.append(packed)
-        self.nbytes += packed.unsettled.nbytes
+        held = packed.unsettled.nbytes
+        self._saves.append((weakref.ref(packed), held))
+        self.nbytes += held
         while True:
             self.settle_ready()
             if self.nbytes <= self.limit or len(self._saves) <= 1:
@@ -41,7 +44,11 @@ class Window:
 
     def settle_ready(self) -> None:
         """Settle, in order, the saves whose statistics have arrived (no wait)."""
-        while self._saves and self._saves[0].unsettled.unread.ready():
+        while self._saves:
+            packed = self._saves[0][0]()
+            u = None if packed is None else packed.unsettled
+            if u is not None and not u.unread.ready():
+                return
             self._settle_oldest()
 
     def settle_all(self) -> None:
@@ -54,10 +61,9 @@ class Window:
         self.nbytes = 0
 
     def _settle_oldest(self) -> None:
-        packed = self._saves[0]
-        held = packed.unsettled.nbytes
-        before = (packed.codec, packed.nbytes)
-        packed.settle()  # raises for a NaN/inf: the save stays unsettled and held here
+        ref, held = self._saves[0]
+        packed = ref()
+        if packed is not None:
+            packed.settle()  # raises for a NaN/inf: the save stays unsettled, and listed
         self._saves.popleft()
         self.nbytes -= held
-        self.on_settled(packed, before)
