@@ -277,16 +277,15 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
             setting.codec, setting.params, opts, alloc if alloc is not None else
             store_alloc(store), keep_raw=keep_dense, wrap=torch.from_numpy)
     else:
-        unread = fused.encode_unread(source, setting.codec, **setting.codec_kwargs()) \
+        kwargs = setting.codec_kwargs()
+        unread = fused.encode_unread(source, setting.codec, **kwargs) \
             if defer and fused.applies(source) else None
         if unread is not None:
             packed = Packed(unread[0], lay, original_nbytes=source.numel() *
                             source.element_size(), opts=opts)
-            packed.unsettled = Unsettled(unread[1], t, source, setting.codec_kwargs(),
-                                         keep_dense)
+            packed.unsettled = Unsettled(unread[1], t, source, kwargs, keep_dense)
             return packed
-        enc = fused.route(source).encode(source, setting.codec, keep_raw=keep_dense,
-                                         **setting.codec_kwargs())
+        enc = fused.route(source).encode(source, setting.codec, keep_raw=keep_dense, **kwargs)
     if enc is None:
         return keep(t)
     return Packed(enc, lay, original_nbytes=source.numel() * source.element_size(), opts=opts)

@@ -12,6 +12,7 @@ models in their own contexts each see their own modules.
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import threading
 import time
@@ -93,7 +94,6 @@ class SaveSession:
         self._kept: dict = {}  # same key -> packed ref
         self._token, self._thread = None, None
         self.unsettled = Window()  # device saves whose statistics are on the way
-        self._held: dict = {}  # id of an unsettled Packed -> (its Row, its Held)
 
     # ---- entering and leaving ----
 
@@ -105,17 +105,14 @@ class SaveSession:
 
     def __exit__(self, *exc) -> None:
         try:
-            if exc and exc[0] is not None:
-                self.unsettled.drop()
-            else:
+            if not (exc and exc[0] is not None):
                 self.unsettled.settle_all()  # a NaN/inf in a save raises as the forward ends
         finally:
-            self.unsettled.drop()  # what a NaN/inf left unsettled is the step's garbage
+            self.unsettled.drop()  # what a failed step left unsettled is its garbage
             _CURRENT.reset(self._token)
             self._token = None
             self._seen.clear()
             self._kept.clear()
-            self._held.clear()
             self.modules = []
 
     def enter_module(self, module, args) -> None:
@@ -183,7 +180,6 @@ class SaveSession:
         packed = self.adopt(packed, op, layer, time.perf_counter() - t0, t, setting, site,
                             held)
         if packed.unsettled is not None:
-            packed.unsettled.on_settled = self._settled
             self.unsettled.add(packed)
         return packed
 
@@ -209,14 +205,13 @@ class SaveSession:
         if held and self.stats is not None:
             counted = hold(self.stats, packed, packed.nbytes)
             if packed.unsettled is not None:
-                self._held[id(packed)] = (row, counted)
+                packed.unsettled.on_settled = functools.partial(self._settled, row, counted)
         return packed
 
-    def _settled(self, packed: Packed, before: tuple) -> None:
+    def _settled(self, row: Row, counted: Held, packed: Packed, before: tuple) -> None:
         """An unsettled save settled; where it was encoded again, its row and count follow."""
-        row, counted = self._held.pop(id(packed), (None, None))
         codec, nbytes = before
-        if row is None or (packed.codec, packed.nbytes) == before:
+        if (packed.codec, packed.nbytes) == before:
             return
         row.compressed_bytes += packed.nbytes - nbytes
         row.codecs[codec] -= 1
