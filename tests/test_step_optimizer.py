@@ -32,6 +32,20 @@ def test_gradients_and_temporaries_by_kind(make, temporaries):
     assert optimizer_state.step_parts(None) == (0, 0)
 
 
+def test_foreach_by_default_where_torch_runs_it(monkeypatch):
+    """AdamW without foreach= runs foreach where torch.optim defaults to it (CUDA): one
+    temporary per parameter at once, not two of the largest."""
+    assert "cuda" in optimizer_state.foreach_devices()
+    assert "cpu" not in optimizer_state.foreach_devices()
+    ps = _params(1000, 100)
+    monkeypatch.setattr(optimizer_state, "foreach_devices", lambda: ("cpu",))
+    assert optimizer_state.step_parts(torch.optim.AdamW(ps)) == (4400, 4000 + 400)
+    assert optimizer_state.step_parts(torch.optim.AdamW(ps, foreach=False)) == (4400, 2 * 4000)
+    assert optimizer_state.step_parts(torch.optim.AdamW(ps, fused=True)) == (4400, 0)
+    assert optimizer_state.step_parts(
+        torch.optim.AdamW(ps, lr=torch.tensor(1e-3))) == (4400, 2 * 4000)
+
+
 def _wide():
     """One wide layer: the training step holds its weight's gradient (128 MiB) and a few KiB
     of activations; the optimizer's step (single-tensor AdamW) its gradient and two

@@ -54,7 +54,8 @@ def step_parts(optimizer) -> tuple[int, int]:
     gradient that exists is in the floor already). A single-tensor update
     (torch.optim's default on the CPU) makes two of one parameter's size at a time (Adam's
     denominator: a square root, then its quotient), a foreach update one per parameter of a
-    group at once, a fused one none; SGD without momentum none."""
+    group at once (torch.optim's default where every parameter is on a device with foreach
+    kernels: CUDA), a fused one none; SGD without momentum none."""
     if optimizer is None:
         return 0, 0
     pending_bytes(optimizer)  # the type check
@@ -65,5 +66,26 @@ def step_parts(optimizer) -> tuple[int, int]:
         grads += sum(s for p, s in zip(params, sizes) if p.grad is None)  # the rest: floor
         if not sizes or tensors_per_parameter(optimizer, group) == 0 or group.get("fused"):
             continue
-        temporaries = max(temporaries, sum(sizes) if group.get("foreach") else 2 * max(sizes))
+        temporaries = max(temporaries, sum(sizes) if _foreach(group, params) else 2 * max(sizes))
     return grads, temporaries
+
+
+def _foreach(group: dict, params: list) -> bool:
+    """Whether the group's update runs foreach: as set, else torch.optim's default (foreach
+    where every parameter is on a device that has its kernels, and nothing asks otherwise)."""
+    if group.get("foreach") is not None:
+        return bool(group["foreach"])
+    if group.get("differentiable") or (isinstance(group.get("lr"), torch.Tensor) and
+                                       not group.get("capturable")):
+        return False
+    devices = foreach_devices()
+    return all(p.device.type in devices for p in params)
+
+
+def foreach_devices() -> tuple:
+    """The device types torch.optim runs foreach updates on by default."""
+    try:
+        from torch.optim.optimizer import _get_foreach_kernels_supported_devices
+    except ImportError:  # an older or newer torch: its long-standing default
+        return ("cuda",)
+    return tuple(_get_foreach_kernels_supported_devices())
