@@ -14,7 +14,8 @@ on a GPU), so that a Step, its probes and its solver work the same on both.
   period (and, fresh, gives its kept pages back); a CUDA cache is always emptied, since the
   reservation only grows while it is kept and a probe would measure the probes before it.
 - `capped(limit)`: a context in which the allocator itself keeps what is held under the
-  limit (CUDA: the caching allocator's memory fraction; nothing on the CPU).
+  limit (CUDA: the caching allocator's memory fraction; nothing on the CPU); `can_cap`:
+  whether it does.
 - `cold_probes`: whether a probe's allocations are served otherwise than a step's (CUDA's
   emptied cache), so that its seconds are taken from a second run; `step_clock()`: where a
   probe's seconds are not a step's, a clock of the step's own (DeviceClock; None on the CPU).
@@ -48,6 +49,7 @@ class ProcessMeter:
     # tensors smaller than this go to the C heap, whose holes a peak carries; larger ones to
     # actcodec's allocator, which a Step under a limit installs
     heap_below = allocator.THRESHOLD
+    can_cap = False
 
     def capped(self, limit: int):
         return contextlib.nullcontext()
@@ -232,6 +234,10 @@ class CudaMeter:
             yield
         finally:
             self.cap.leave(limit)
+
+    @property
+    def can_cap(self) -> bool:
+        return getattr(self.cuda, "get_per_process_memory_fraction", None) is not None
 
     def capacity(self) -> int:
         free, _total = self.cuda.mem_get_info(self.device)

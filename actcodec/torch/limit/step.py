@@ -44,7 +44,7 @@ from . import causal_lm, chunked_loss
 from . import limit_plan
 from . import loss_weights, meter as meters, mini_sequence
 from . import micro_batches as mb
-from . import optimizer_state, planning, shape, step_profile
+from . import optimizer_cap, optimizer_state, planning, shape, step_profile
 from ..budget import spill as spills
 from ..budget.budget import parse_bytes
 from ..save import offload
@@ -176,7 +176,12 @@ class Step:
         # same blocks); close(), or the Step's garbage collection, takes them off
         attachment = blocks_mod.attach(self.blocks)
         local = mini_sequence.attach(self.blocks)  # position-wise children, in chunks
-        self._detach = weakref.finalize(self, _release, attachment, local)
+        # the optimizer's step after a step under a limit, kept to it by the allocator
+        # where the meter can (CUDA): hooks on the optimizer, taken off with the blocks'
+        self._optimizer_cap = None if optimizer is None else \
+            optimizer_cap.OptimizerCap(optimizer)
+        self._detach = weakref.finalize(self, _release, attachment, local,
+                                        *filter(None, [self._optimizer_cap]))
         self._detach.atexit = False
         self._closed = False
         self._running = 0  # steps running now (any thread): close() waits for none
@@ -272,6 +277,8 @@ class Step:
                 self._running -= 1
 
     def _step(self, batch):
+        if self._optimizer_cap is not None:  # armed by the step before, for its optimizer
+            self._optimizer_cap.disarm()
         size = mb.batch_size(batch, self.batch_size)
         with self._lock:
             limit, lowered, self._lowered = self._limit, self._lowered, False
@@ -347,7 +354,10 @@ class Step:
             return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn, meter)
         loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn, meter)
         if limit is not None:
-            _room_for_the_optimizer(meter, self.optimizer, limit)
+            if self._optimizer_cap is not None and meter.can_cap:
+                self._optimizer_cap.arm(meter, limit)
+            else:
+                _room_for_the_optimizer(meter, self.optimizer, limit)
         return loss
 
     def _meter(self, strict: bool):

@@ -1,0 +1,142 @@
+"""The optimizer's step after a Step under a limit, on a meter whose allocator can be capped
+(CUDA's memory fraction): it runs under the cap, once per training step, instead of the
+allocator's cache being emptied before it. Checked on the CPU with a meter that records its
+cap; the process's own meter (no cap) keeps making room before the optimizer's step."""
+import copy
+import pickle
+
+import pytest
+import torch
+
+import actcodec.torch as act
+from actcodec.torch.limit import meter as meters
+from actcodec.torch.limit import step as step_mod
+
+
+class CappingMeter(meters.ProcessMeter):
+    """The process's meter, with a cap it records: `log` has ("enter"|"exit", limit)."""
+
+    can_cap = True
+
+    def __init__(self, log):
+        self.log = log
+
+    def capped(self, limit):
+        meter = self
+
+        class Cap:
+            def __enter__(self):
+                meter.log.append(("enter", limit))
+
+            def __exit__(self, *exc):
+                meter.log.append(("exit", limit))
+
+        return Cap()
+
+
+class Recording(torch.optim.AdamW):
+    """AdamW that notes whether its step ran under the cap."""
+
+    def __init__(self, params, log):
+        super().__init__(params)
+        self.log, self.fail = log, False
+
+    def step(self, closure=None):
+        self.log.append("optimizer step")
+        if self.fail:
+            raise RuntimeError("the optimizer's step failed (stand-in)")
+        return super().step(closure)
+
+
+def mse(m, b):
+    return m(b).pow(2).mean()
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+
+@pytest.fixture
+def capping(monkeypatch):
+    log = []
+    monkeypatch.setattr(meters, "meter_for", lambda m, cuda=None: CappingMeter(log))
+    made_room = []
+    monkeypatch.setattr(step_mod, "_room_for_the_optimizer",
+                        lambda *args: made_room.append(args))
+    return log, made_room
+
+
+def test_the_optimizer_step_after_a_step_runs_under_the_cap_once(capping):
+    log, made_room = capping
+    m = model()
+    opt = Recording(m.parameters(), log)
+    x = torch.randn(16, 32)
+    with act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt) as step:
+        step(x)
+        limit = step.stats.limit
+        log.clear()
+        opt.step()
+        assert log == [("enter", limit), "optimizer step", ("exit", limit)]
+        log.clear()
+        opt.step()  # a second optimizer step without a training step: not capped
+        assert log == ["optimizer step"]
+        assert not made_room  # the cache was not emptied for it
+    log.clear()
+    opt.step()  # closed: the hooks are off
+    assert log == ["optimizer step"]
+
+
+def test_an_optimizer_step_that_raises_leaves_the_cap_until_the_next_step(capping):
+    log, _ = capping
+    m = model()
+    opt = Recording(m.parameters(), log)
+    x = torch.randn(16, 32)
+    step = act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt)
+    step(x)
+    limit = step.stats.limit
+    opt.fail = True
+    log.clear()
+    with pytest.raises(RuntimeError, match="stand-in"):
+        opt.step()
+    assert log == [("enter", limit), "optimizer step"]
+    opt.fail = False
+    log.clear()
+    step(x)  # closes it first, then the step's own cap around the step
+    assert log == [("exit", limit), ("enter", limit), ("exit", limit)]
+    opt.step()
+    assert log[-3:] == [("enter", limit), "optimizer step", ("exit", limit)]
+    step(x)
+    opt.fail = True
+    with pytest.raises(RuntimeError):
+        opt.step()  # capped, raised: open
+    assert log[-2:] == [("enter", limit), "optimizer step"]
+    step.close()  # closes it
+    assert log[-1] == ("exit", limit)
+
+
+def test_without_a_cap_the_step_makes_room_before_the_optimizer(monkeypatch):
+    made_room = []
+    monkeypatch.setattr(step_mod, "_room_for_the_optimizer",
+                        lambda *args: made_room.append(args))
+    m = model()
+    opt = torch.optim.AdamW(m.parameters())
+    step = act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt)
+    step(torch.randn(16, 32))
+    assert len(made_room) == 1
+    step.close()
+
+
+def test_an_optimizer_with_the_hooks_pickles_and_copies(capping):
+    log, _ = capping
+    m = model()
+    opt = torch.optim.AdamW(m.parameters())
+    step = act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt)
+    step(torch.randn(16, 32))
+    opt.step()
+    state = pickle.loads(pickle.dumps(opt.state_dict()))
+    copied = copy.deepcopy(opt)
+    assert not copied._optimizer_step_pre_hooks and not copied._optimizer_step_post_hooks
+    assert set(state) == {"state", "param_groups"}
+    step.close()
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
