@@ -368,6 +368,28 @@ def force_device_route(monkeypatch):
     monkeypatch.setattr(packed, "_host_path", lambda t: False)
 
 
+def test_device_integer_saves_narrow_only_where_worth_a_read(monkeypatch):
+    """On a device, token ids and labels (under 1 MiB) are kept as they are, with no read of
+    the device; a larger integer save (a max-pool's indices) narrows as on the CPU."""
+    from actcodec.torch.codecs import packed as packing
+    force_device_route(monkeypatch)
+    small = torch.randint(0, 50000, (16, 1024))
+    large = torch.randint(-3, 100, (packing.DEVICE_NARROW_BYTES // 8,))
+    reads = []
+    for name in ("item", "tolist", "cpu", "numpy", "__int__", "__index__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _r=real, **k:
+                            reads.append(_n) or _r(self, *a, **k))
+    kept = packing.pack(small, packing.Setting(bits=8))
+    assert reads == [] and kept.kept.dtype == torch.int64
+    assert kept.kept.data_ptr() == small.data_ptr()
+    narrowed = packing.pack(large, packing.Setting(bits=8))
+    assert reads and narrowed.kept.dtype == torch.int8
+    monkeypatch.undo()
+    assert torch.equal(narrowed.unpack(), large) and narrowed.unpack().dtype == torch.int64
+    assert packing.pack(small, packing.Setting(bits=8)).kept.dtype == torch.int32  # the CPU
+
+
 def test_device_path_matches_the_c_path(monkeypatch):
     """Tensors on other devices are packed with torch ops on that device; forced on CPU here,
     the payload bytes and the gradients equal those of the C path."""

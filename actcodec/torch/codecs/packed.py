@@ -37,6 +37,10 @@ ALIGN = 64  # bytes; the CPU allocator's alignment
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NARROWER = {torch.int64: (torch.int8, torch.int16, torch.int32),
              torch.int32: (torch.int8, torch.int16), torch.int16: (torch.int8,)}
+# On a device, an integer save narrows from this size up: its range is a read of the device,
+# which waits for all the work queued before it (token ids, labels: a few hundred KiB kept
+# as they are cost less than a stall of the step; a max-pool's indices are worth it).
+DEVICE_NARROW_BYTES = 1 << 20
 
 
 def scratch(nbytes: int):
@@ -259,6 +263,8 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
     if setting.codec == "keep" or t.is_complex() or t.is_sparse or t.is_quantized:
         return keep(t)
     if t.dtype in _NARROWER:
+        if not _host_path(t) and nbytes < DEVICE_NARROW_BYTES:
+            return keep(t)
         return _narrow(t, nbytes, store if t.device.type == "cpu" else None)
     if t.dtype not in FLOATS and t.dtype != torch.bool:
         return keep(t)
