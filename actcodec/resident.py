@@ -68,17 +68,23 @@ class PeakCounter:
     too. A reset would erase what every open `Peak` (in this thread or another) has not read
     yet, so each reset first folds the counter into all of them. Invariant: an open Peak's
     peak is max(its folded value, the counter now). `read()` gives the counter, `reset()`
-    sets it to the current value and says whether it could."""
+    sets it to the current value and says whether it could. `shares`: a reader of another
+    counter that the same reset sets back (a CUDA device's peak allocated and peak reserved
+    bytes): the two take one lock, and a reset through either folds both."""
 
-    def __init__(self, read, reset):
+    def __init__(self, read, reset, shares: "PeakCounter | None" = None):
         self.read, self._reset = read, reset
-        self.lock = threading.Lock()
+        self.lock = threading.Lock() if shares is None else shares.lock
+        self.group = [self] if shares is None else shares.group
+        if shares is not None:
+            self.group.append(self)
         self.open: set = set()
 
     def _fold(self) -> None:
-        hwm = self.read()
-        for p in self.open:
-            p._peak = max(p._peak, hwm)
+        for counter in self.group:
+            hwm = counter.read()
+            for p in counter.open:
+                p._peak = max(p._peak, hwm)
 
     def reset(self) -> bool:
         with self.lock:

@@ -16,10 +16,12 @@ class FakeCuda:
 
     def __init__(self, total=8 << 30):
         self.total, self.allocated, self.reserved, self.max_reserved = total, 0, 0, 0
+        self.max_allocated = 0
         self.emptied = 0
 
     def alloc(self, n):
         self.allocated += n
+        self.max_allocated = max(self.max_allocated, self.allocated)
         self.reserved = max(self.reserved, self.allocated)
         self.max_reserved = max(self.max_reserved, self.reserved)
 
@@ -35,8 +37,11 @@ class FakeCuda:
     def max_memory_reserved(self, device):
         return self.max_reserved
 
-    def reset_peak_memory_stats(self, device):
-        self.max_reserved = self.reserved
+    def max_memory_allocated(self, device):
+        return self.max_allocated
+
+    def reset_peak_memory_stats(self, device):  # both counters, as torch's
+        self.max_reserved, self.max_allocated = self.reserved, self.allocated
 
     def empty_cache(self):
         self.emptied += 1
@@ -95,6 +100,55 @@ def test_cuda_peaks_nest_without_losing_the_outer_ones():
             cuda.free(200)
         assert inner.nbytes == 200
     assert outer.nbytes == 500
+
+
+def test_cuda_live_peaks_and_reserved_peaks_share_one_reset_without_losing_either():
+    # the allocated bytes' peak (a probe's moments) and the reserved bytes' (the probe's own
+    # peak) are reset by one call: entering either folds both into what is open
+    cuda = FakeCuda()
+    m = meters.CudaMeter("cuda:0", cuda)
+    with m.peak() as reserved:
+        cuda.alloc(300)
+        cuda.free(300)  # the cache keeps 300 reserved
+        with m.live_peak() as first:  # resets both counters
+            cuda.alloc(100)
+            cuda.free(100)
+            with m.live_peak() as nested:
+                cuda.alloc(50)
+                assert nested.nbytes == 50
+                cuda.free(50)
+            assert first.nbytes == 100  # kept across the nested reset
+        cuda.empty_cache()
+        with m.peak() as inner:
+            cuda.alloc(20)
+            with m.live_peak() as late:
+                cuda.alloc(30)
+            cuda.free(50)
+        assert (inner.nbytes, late.nbytes) == (50, 50)
+    assert reserved.nbytes == 300
+
+
+def test_a_probes_moments_on_a_cuda_meter_are_its_allocated_bytes():
+    from actcodec.torch.limit import step_profile
+    cuda = FakeCuda()
+    m = meters.CudaMeter("cuda:0", cuda)
+    cuda.alloc(1000)  # the floor
+    moments = step_profile.Moments(m, base=m.live())
+    with m.peak() as probe:
+        moments.start()
+        cuda.alloc(400)  # forward holds 400
+        moments.begin(1)  # block 1's forward again, in backward
+        cuda.alloc(250)
+        cuda.free(250)
+        moments.end(1)
+        moments.begin(0)
+        cuda.alloc(100)
+        cuda.free(500)
+        moments.end(0)
+        cuda.alloc(10)
+        moments.stop()
+    assert moments.blocks == {1: 650, 0: 500} and moments.outside == 400
+    assert probe.nbytes == 1650
 
 
 def test_meter_for_picks_by_device_and_names_what_is_supported():
@@ -182,7 +236,8 @@ def test_every_probe_starts_and_ends_through_the_meter():
 def test_meters_of_one_cuda_device_share_its_peak_reader():
     # the device's counter is the process's: two readers would erase each other's peaks
     a, b = meters.CudaMeter("cuda:0"), meters.CudaMeter("cuda:0")
-    assert a.counter is b.counter
+    assert a.counter is b.counter and a.live_counter is b.live_counter
+    assert a.live_counter.group == [a.counter, a.live_counter]
     assert meters.CudaMeter("cuda:1").counter is not a.counter
 
 

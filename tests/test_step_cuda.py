@@ -60,3 +60,34 @@ def test_limit_free_and_a_limit_above_the_device():
     step.limit = total * 4
     with pytest.warns(RuntimeWarning, match="above what cuda"):
         step({"input_ids": ids, "labels": ids})
+
+
+def test_one_long_sequence_on_cuda_is_planned_along_it_with_its_moments():
+    # batch 1: probes along the sequence, each block's moment in backward from the allocated
+    # bytes' own peak (meter.CudaMeter.live_peak); every step under a limit plain exceeds
+    m = gpt2()
+    ids = torch.randint(0, 2048, (1, 4096), device="cuda")
+    batch = {"input_ids": ids, "labels": ids}
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    floor = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    m(**batch).loss.backward()
+    plain_peak = torch.cuda.max_memory_reserved()
+    plain = flat_grad(m).clone()
+    m.zero_grad(set_to_none=True)
+    limit = floor + plain.numel() * 4 + (plain_peak - floor - plain.numel() * 4) // 2
+    step = act.Step(m, limit=limit, exact=True)
+    for _ in range(3):
+        torch.cuda.reset_peak_memory_stats()
+        step(batch)
+        # the step's own reading (its probes included) and the device's counter since the
+        # step's last reset of it
+        assert step.stats.peak <= limit, (step.stats, step.describe())
+        assert torch.cuda.max_memory_reserved() <= limit, step.describe()
+        cos = torch.nn.functional.cosine_similarity(flat_grad(m).double(), plain.double(),
+                                                    dim=0)
+        assert cos >= 0.99999, (float(cos), step.describe())
+        m.zero_grad(set_to_none=True)
+    assert step.profile.unit == "token"
+    assert all(b.moment is not None for b in step.profile.blocks), step.profile

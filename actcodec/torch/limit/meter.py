@@ -7,6 +7,9 @@ on a GPU), so that a Step, its probes and its solver work the same on both.
   error, whatever of it is free inside).
 - `live()`: what is in use: RSS less what the allocators hold free (actcodec.resident.live);
   the allocated bytes. A step starts from it (its floor): the rest of `held()` is reused.
+- `live_peak()`: a context whose `nbytes` is the block's peak of `live()`, where the meter
+  can tell it (the allocated bytes' own counter; on the CPU, the store's under the step's
+  allocator), else None: a probe's moments in backward are told apart by it.
 - `peak()`: a context whose `nbytes` is the block's peak of `held()` (nesting, threads).
 - `give_back()`: what the allocators hold free goes back (the store's kept pages;
   `torch.cuda.empty_cache`); `trim()`: glibc's free heap (nothing on a device).
@@ -99,8 +102,9 @@ class ProcessMeter:
         return most
 
 
-# One peak reader per CUDA device, as resident has one for the process: the device's peak
-# counter is global, and a reset by one reader would erase what another's open peaks saw.
+# One pair of peak readers per CUDA device (reserved, allocated), as resident has one for the
+# process: the device's peak counters are global, and a reset by one reader would erase what
+# another's open peaks saw.
 _COUNTERS: dict = {}
 _COUNTERS_LOCK = threading.Lock()
 
@@ -180,15 +184,25 @@ class CudaMeter:
         self.cuda = cuda if cuda is not None else torch.cuda
         if cuda is None:  # the device's counter is the process's: one reader for it
             with _COUNTERS_LOCK:
-                self.counter = _COUNTERS.setdefault(
-                    self.device, resident.PeakCounter(self._max_reserved, self._reset))
+                if self.device not in _COUNTERS:
+                    _COUNTERS[self.device] = self._counters()
+                self.counter, self.live_counter = _COUNTERS[self.device]
                 self.cap = _CAPS.setdefault(self.device, AllocatorCap(self.cuda, self.device))
         else:
-            self.counter = resident.PeakCounter(self._max_reserved, self._reset)
+            self.counter, self.live_counter = self._counters()
             self.cap = AllocatorCap(self.cuda, self.device)
+
+    def _counters(self) -> tuple:
+        """Readers of the device's peak reserved and peak allocated bytes, which one call
+        resets together (so a reset through either folds both)."""
+        reserved = resident.PeakCounter(self._max_reserved, self._reset)
+        return reserved, resident.PeakCounter(self._max_allocated, self._reset, shares=reserved)
 
     def _max_reserved(self) -> int:
         return self.cuda.max_memory_reserved(self.device)
+
+    def _max_allocated(self) -> int:
+        return self.cuda.max_memory_allocated(self.device)
 
     def _reset(self) -> bool:
         self.cuda.reset_peak_memory_stats(self.device)
@@ -197,8 +211,10 @@ class CudaMeter:
     def held(self) -> int:
         return self.cuda.memory_reserved(self.device)
 
-    def live_peak(self):
-        return None  # the probes' moments are told apart on the CPU alone
+    def live_peak(self) -> resident.Peak:
+        """The peak of the allocated bytes (live tensors, as the allocator counts them when
+        their ops are queued) inside a block."""
+        return resident.Peak(counter=self.live_counter, now=self.live)
 
     def live(self) -> int:
         return self.cuda.memory_allocated(self.device)
