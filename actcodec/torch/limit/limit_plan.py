@@ -196,23 +196,28 @@ def phases(profile: Profile, recompute, storage: Storage, samples: int,
     (moments_known), the turn holds what the plan holds and each block's moment its own
     bytes (moment_bytes); else the turn and backward each count the largest bytes backward
     brings back at once (_transient), wherever that happens."""
-    bytes_ = samples * sample_bytes(profile, recompute, storage, chunks)
+    return max(a + samples * c for a, c in peak_lines(profile, recompute, storage, chunks))
+
+
+def peak_lines(profile: Profile, recompute, storage: Storage, chunks: int = 1) -> list:
+    """The moments phases() takes the largest of, each a line in the samples of a
+    micro-batch, (bytes at none, bytes per sample): what does not depend on how many."""
     if profile.flat is None:
-        return profile.fixed + bytes_
+        return [(profile.fixed, sample_bytes(profile, recompute, storage, chunks))]
     if not moments_known(profile):
-        return max(profile.fixed + bytes_,
-                   profile.flat + samples * (profile.least + storage.extra
-                                             + _transient(profile, recompute, chunks)))
+        return [(profile.fixed, sample_bytes(profile, recompute, storage, chunks)),
+                (profile.flat, profile.least + storage.extra
+                 + _transient(profile, recompute, chunks))]
     held = storage.ratio * held_bytes(profile, recompute, chunks)
     # the moments outside the blocks were measured with every block recomputed: a plan
     # holds what it holds beyond that there too (the head's and loss's backward)
     beyond = held - held_bytes(profile, range(len(profile.blocks)))
-    peak = max(profile.fixed + samples * (profile.work + held + storage.extra),
-               profile.flat + samples * (profile.least + storage.extra + beyond))
+    lines = [(profile.fixed, profile.work + held + storage.extra),
+             (profile.flat, profile.least + storage.extra + beyond)]
     at = moments_bytes(profile.blocks, profile.rest, recompute, chunks, storage.ratio)
     for b, held_then in zip(profile.blocks, at):
-        peak = max(peak, b.moment + samples * (b.moment_least + storage.extra + held_then))
-    return peak
+        lines.append((b.moment, b.moment_least + storage.extra + held_then))
+    return lines
 
 
 def moments_known(profile: Profile) -> bool:
@@ -347,6 +352,10 @@ def memory_key(profile: Profile, micro_batches: int, recompute, storage: str,
     that shape alone; a batch of another shape is judged by the calibrated model); and the
     chunks its position-wise sub-modules run in."""
     kinds = tuple(sorted(_bytes_of(profile.blocks[i]) for i in recompute))
+    return _key(profile, micro_batches, kinds, storage, chunks)
+
+
+def _key(profile: Profile, micro_batches: int, kinds: tuple, storage: str, chunks: int):
     return (micro_batches, kinds, storage, math.ceil(profile.batch / micro_batches),
             profile.units, profile.unit, chunks)
 
@@ -371,18 +380,39 @@ def chunk_counts(profile: Profile) -> list:
 def predict(profile: Profile, micro_batches: int, recompute, storage: Storage,
             measured: Measured = NOTHING, chunks: int = 1) -> Plan:
     """The plan with its predicted peak (bytes above the floor) and seconds."""
-    recompute = tuple(sorted(recompute))
-    b = math.ceil(profile.batch / micro_batches)
-    grads = profile.grads if micro_batches > 1 else 0.0
-    peak = measured.peak(memory_key(profile, micro_batches, recompute, storage.name, chunks),
-                         grads + phases(profile, recompute, storage, b, chunks))
-    local = sum(block.local_forward for block in profile.blocks) if chunks > 1 else 0.0
-    seconds = (profile.batch * (profile.seconds + local
-                                + sum(profile.blocks[i].forward for i in recompute)
-                                + storage.seconds_per_byte * held_bytes(profile, recompute,
-                                                                        chunks))
-               + micro_batches * profile.per_micro_batch)
-    return Plan(micro_batches, recompute, storage.name, peak, seconds, chunks)
+    return Candidate(profile, recompute, storage, chunks).plan(micro_batches, measured)
+
+
+class Candidate:
+    """A set of recomputed blocks, a storage and chunks, at a profile: what its plans share
+    whatever their micro-batches (the lines of its peak, its key's bytes, its seconds per
+    sample), computed once; `plan(m)` predicts it in m micro-batches (the solver tries
+    several m per candidate)."""
+
+    def __init__(self, profile: Profile, recompute, storage: Storage, chunks: int = 1):
+        self.profile, self.storage, self.chunks = profile, storage, chunks
+        self.recompute = tuple(sorted(recompute))
+        self.lines = peak_lines(profile, self.recompute, storage, chunks)
+        self.kinds = tuple(sorted(_bytes_of(profile.blocks[i]) for i in self.recompute))
+        local = sum(block.local_forward for block in profile.blocks) if chunks > 1 else 0.0
+        self.per_sample = (profile.seconds + local
+                           + sum(profile.blocks[i].forward for i in self.recompute)
+                           + storage.seconds_per_byte * held_bytes(profile, self.recompute,
+                                                                   chunks))
+
+    def key(self, micro_batches: int) -> tuple:
+        """memory_key of its plan in `micro_batches`."""
+        return _key(self.profile, micro_batches, self.kinds, self.storage.name, self.chunks)
+
+    def plan(self, micro_batches: int, measured: Measured = NOTHING) -> Plan:
+        p = self.profile
+        b = math.ceil(p.batch / micro_batches)
+        grads = p.grads if micro_batches > 1 else 0.0
+        peak = measured.peak(self.key(micro_batches),
+                             grads + max(a + b * c for a, c in self.lines))
+        seconds = p.batch * self.per_sample + micro_batches * p.per_micro_batch
+        return Plan(micro_batches, self.recompute, self.storage.name, peak, seconds,
+                    self.chunks)
 
 
 def _bytes_of(block: Block) -> tuple:
@@ -406,17 +436,18 @@ def recompute_sets(blocks) -> list:
     return [tuple(sorted(order[:k])) for k in range(len(blocks) + 1)]
 
 
-def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, available: float,
-                          measured: Measured, chunks: int = 1) -> int | None:
+def _fewest_micro_batches(candidate: Candidate, available: float,
+                          measured: Measured) -> int | None:
     """The fewest micro-batches whose predicted peak fits. The model's peak falls as the
     micro-batches shrink, so a bisection finds where it starts to fit; a measured plan, or one
     whose micro-batch count is calibrated, may fit where the model says not, or the reverse,
     so those are checked one by one."""
+    profile = candidate.profile
     counts = _counts(profile.batch) if profile.split else [1]
     model = Measured(caution=measured.caution)  # monotone in m > 1: what bisection needs
 
     def fits(m, by=measured):
-        return predict(profile, m, recompute, storage, by, chunks).peak <= available
+        return candidate.plan(m, by).peak <= available
 
     if fits(1):  # one micro-batch holds no gradients through the others: checked apart
         return 1
@@ -428,9 +459,8 @@ def _fewest_micro_batches(profile: Profile, recompute, storage: Storage, availab
             hi = mid
         else:
             lo = mid + 1
-    known = sorted({k[0] for k in measured.peaks
-                    if k == memory_key(profile, k[0], recompute, storage.name, chunks)}
-                   | {m for m, name in measured.worst if name == storage.name})
+    known = sorted({k[0] for k in measured.peaks if k == candidate.key(k[0])}
+                   | {m for m, name in measured.worst if name == candidate.storage.name})
     # (a count measured while micro-batches were allowed, in eval mode say, is not one now)
     best = next((m for m in known if (profile.split or m == 1) and fits(m)), None)
     for m in counts[lo:]:  # from where the model fits, unless a measurement says not
@@ -460,10 +490,10 @@ def solve(profile: Profile, available: float, exact: bool = False,
             recompute_sets(profile.blocks), profile.storages, chunk_counts(profile)):
         if exact and not storage.exact:
             continue
-        m = _fewest_micro_batches(profile, recompute, storage, available, measured, chunks)
+        candidate = Candidate(profile, recompute, storage, chunks)
+        m = _fewest_micro_batches(candidate, available, measured)
         if m is not None:
-            candidates[storage.exact].append(
-                predict(profile, m, recompute, storage, measured, chunks))
+            candidates[storage.exact].append(candidate.plan(m, measured))
     best_exact, best_lossy = _fastest(candidates[True]), _fastest(candidates[False])
     if best_lossy is None:
         return best_exact
@@ -477,6 +507,7 @@ def smallest(profile: Profile, exact: bool = False, measured: Measured = NOTHING
     counts = set(_counts(profile.batch) if profile.split else [1])
     counts |= {k[0] for k in measured.peaks if profile.split or k[0] == 1}
     counts |= {m for m, _ in measured.worst if profile.split or m == 1}
-    return min(predict(profile, m, r, s, measured, c).peak
-               for r in recompute_sets(profile.blocks) for c in chunk_counts(profile)
-               for s in profile.storages if s.exact or not exact for m in counts)
+    candidates = [Candidate(profile, r, s, c) for r in recompute_sets(profile.blocks)
+                  for c in chunk_counts(profile) for s in profile.storages
+                  if s.exact or not exact]
+    return min(candidate.plan(m, measured).peak for candidate in candidates for m in counts)
