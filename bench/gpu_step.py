@@ -10,6 +10,9 @@ plan (every block recomputed, one micro-batch), with its chunked loss and with t
 whole one, so that what Step's own step costs beside checkpointing's shows apart from its
 plan.
 
+Then `loop_ms`: the same steps run back to back without waiting for the device between them,
+as a training loop runs them (see loop_ms).
+
 Per step also the caching allocator's calls to the driver (`driver_calls`: blocks reserved,
 freed, allocations retried), which wait for the device: a step under a limit that empties the
 cache or frees at the memory fraction pays them where plain training does not.
@@ -96,6 +99,39 @@ def driver_calls() -> tuple:
             s.get("num_alloc_retries", 0))
 
 
+LOOP_STEPS = 3
+
+
+def forward_backward(m, batch, step, offload) -> None:
+    if step is not None:
+        step(batch)
+    elif offload is not None:
+        with offload:
+            loss = m(**batch).loss
+        loss.backward()
+    else:
+        m(**batch).loss.backward()
+
+
+def train(m, batch, step, offload, opt) -> None:
+    forward_backward(m, batch, step, offload)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def loop_ms(one_step, steps: int) -> float:
+    """Milliseconds per step of `steps` steps run back to back, as a training loop runs them:
+    no wait for the device between them (the per-step times above wait before and after
+    each, so a step's host work before its first kernel counts in full there; here it
+    overlaps the device's work on the step before, as it does for a user)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one_step()
+    torch.cuda.synchronize()
+    return round((time.perf_counter() - t0) * 1e3 / steps, 1)
+
+
 def alternatives(step) -> dict:
     """What the solver's model says of a few plans at this profile (seconds, peak MiB above
     the floor): how it ranked micro-batches against recomputation."""
@@ -139,14 +175,7 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
             before = driver_calls()
             t0 = time.perf_counter()
             try:
-                if step is not None:
-                    step(batch)
-                elif offload is not None:
-                    with offload:
-                        loss = m(**batch).loss
-                    loss.backward()
-                else:
-                    m(**batch).loss.backward()
+                forward_backward(m, batch, step, offload)
             except act.MemoryLimitError as exc:
                 out["refused"] = str(exc)
                 out["alternatives"] = alternatives(step) if step.profile else None
@@ -161,6 +190,13 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
             out["driver_calls"].append([b - a for a, b in zip(before, driver_calls())])
             peak = sampler.take() if step is not None else torch.cuda.max_memory_reserved()
             out["peaks_MiB"].append(round(peak / MiB))
+        if out["times_ms"] and "refused" not in out:
+            try:
+                out["loop_ms"] = loop_ms(lambda: train(m, batch, step, offload, opt),
+                                         LOOP_STEPS)
+            except act.MemoryLimitError as exc:
+                out["loop_refused"] = str(exc)
+            out["peaks_MiB"].append(round(sampler.take() / MiB))  # the loop's, sampled
     if out["times_ms"]:
         out["step_ms"] = statistics.median(out["times_ms"][1:] or out["times_ms"])
         out["peak_MiB"] = max(out["peaks_MiB"])
@@ -210,6 +246,13 @@ def calls(r: dict) -> str:
     return "-" if not last else "/".join(map(str, last))
 
 
+def loop(r: dict, plain: dict) -> str:
+    """The loop's ms per step and its ratio to plain's loop (two cells)."""
+    if "loop_ms" not in r or "loop_ms" not in plain:
+        return f"{r.get('loop_refused', '-')[:60]} | -"
+    return f"{r['loop_ms']} | {r['loop_ms'] / plain['loop_ms']:.2f}x"
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Step on a GPU: {res['gpu']}, torch {res['torch']}", "",
              "Written by `python bench/gpu_step.py`; peaks are the device's reserved memory "
@@ -217,18 +260,20 @@ def markdown(res: dict) -> str:
     for name, rows in res["layouts"].items():
         plain = rows[0]["step_ms"]
         lines += [f"## {name}, batch {res['shapes'][name]}", "",
-                  "| config | limit MiB | every step's peak MiB | within | step ms | vs plain | "
-                  "cosine to plain | driver calls, last step | plan |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| config | limit MiB | every step's peak MiB (the loop's last) | within | "
+                  "step ms | vs plain | loop ms | vs plain | cosine to plain | "
+                  "driver calls, last step | plan |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "refused" in r:
                 lines.append(f"| {r['config']} | {r['limit_MiB']} | refused: {r['refused']} "
-                             f"| | | | | | |")
+                             f"| | | | | | | | |")
                 continue
             within = {True: "yes", False: "NO", None: "-"}[r.get("within")]
             lines.append(f"| {r['config']} | {r['limit_MiB'] or '-'} | "
                          f"{', '.join(map(str, r['peaks_MiB']))} | {within} | {r['step_ms']} | "
-                         f"{r['step_ms'] / plain:.2f}x | {r.get('cosine', '-')} | "
+                         f"{r['step_ms'] / plain:.2f}x | {loop(r, rows[0])} | "
+                         f"{r.get('cosine', '-')} | "
                          f"{calls(r)} | {r.get('plan', '-')} |")
         lines.append("")
     return "\n".join(lines)
