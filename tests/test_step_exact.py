@@ -104,6 +104,28 @@ def test_the_causal_shift_is_read_from_the_model():
     assert loss_weights.targets(gpt2(), given) == 4
 
 
+def test_targets_per_sample_are_counted_once_per_step_without_a_read_per_micro_batch(
+        monkeypatch):
+    batch = padded([16, 3, 0])
+    per = loss_weights.per_sample_targets(gpt2(), batch, 3)
+    assert per.tolist() == [15, 2, 0] and per.device == batch["labels"].device
+    assert loss_weights.per_sample_targets(gpt2(), batch, 4) is None  # not one row each
+    assert loss_weights.per_sample_targets(gpt2(), {"labels": torch.zeros(0, 5).long()},
+                                           0).tolist() == []
+    assert loss_weights.per_sample_targets(gpt2(), {"labels": torch.zeros(2, 0).long()},
+                                           2).tolist() == [0, 0]
+    assert loss_weights.per_sample_targets(gpt2(), {"labels": torch.rand(3, 2)}).tolist() == \
+        [2, 2, 2]
+    reads = []
+    real = loss_weights.OnTheWay.read
+    monkeypatch.setattr(loss_weights.OnTheWay, "read",
+                        lambda self: reads.append(1) or real(self))
+    m = gpt2()
+    step = act.Step(m, plan={"micro_batches": 3})
+    step(padded([16, 3, 9]))
+    assert step.stats.micro_batches == 3 and reads == [1]
+
+
 def test_sequence_level_labels_weigh_by_the_labels_not_ignored():
     def make():
         torch.manual_seed(0)

@@ -20,28 +20,67 @@ import torch
 IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy skip
 
 
-def shares(model, batch, size: int, ranges: list, default_loss: bool) -> list:
+def shares(batch, size: int, ranges: list, default_loss: bool, counted=None) -> list:
     """Each (start, stop) range's share of the batch's loss (the shares add up to 1, or
     are all 1 where each micro-batch's loss is already normalized over the whole batch).
 
     The default loss of a dict batch: by `num_items_in_batch` (all 1) or by the targets of
-    its `labels` (all 0 where the batch has no target: its loss is NaN, as one forward's);
-    anything else (a loss_fn's mean, or labels not per sample): by sample count."""
+    its `labels` (`counted`: start_counting's, all 0 where the batch has no target: its loss
+    is NaN, as one forward's); anything else (a loss_fn's mean, or labels not per sample): by
+    sample count."""
     if default_loss and isinstance(batch, Mapping):
         if batch.get("num_items_in_batch") is not None:
             return [1.0] * len(ranges)
-        counts = [targets(model, batch, size, start, stop) for start, stop in ranges]
-        if all(c is not None for c in counts):
+        if counted is not None:
+            per_sample = counted.read()
+            counts = [sum(per_sample[start:stop]) for start, stop in ranges]
             total = sum(counts)
             return [c / total if total else 0.0 for c in counts]
     return [(stop - start) / size for start, stop in ranges]
 
 
+def start_counting(model, batch, size: int):
+    """The targets of each sample (per_sample_targets) on their way to the host, for shares:
+    started before the step is planned, so that on a device the count is queued behind the
+    work already there and read once the plan is made, rather than waited for at once; None
+    where they are not known."""
+    per_sample = per_sample_targets(model, batch, size)
+    return None if per_sample is None else OnTheWay(per_sample)
+
+
+class OnTheWay:
+    """A small tensor on its way to the host: on a GPU copied into pinned memory behind the
+    work queued before it, with an event after the copy; `read()` waits for that event only
+    (a CPU tensor is read as it is)."""
+
+    def __init__(self, t: torch.Tensor):
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(torch.cuda.current_stream(t.device))
+        else:
+            self.host, self.event = t, None
+
+    def read(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
 def targets(model, batch, size: int | None = None, start: int = 0, stop: int | None = None):
     """How many targets the default loss of `batch[start:stop]` averages over, or None where
-    that is not known (no `labels` tensor with one row per sample). Integer labels: those
-    not -100 (a causal LM's after its shift, or `shift_labels` where the batch gives them);
-    float labels (regression, multi-label): every element."""
+    that is not known (see per_sample_targets)."""
+    per_sample = per_sample_targets(model, batch, size)
+    return None if per_sample is None else int(per_sample[start:stop].sum())
+
+
+def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | None:
+    """Per sample (a tensor on the labels' device, nothing read), how many targets the
+    default loss of `batch` averages over, or None where that is not known (no `labels`
+    tensor with one row per sample, `size` rows where given). Integer labels: those not -100
+    (a causal LM's after its shift, or `shift_labels` where the batch gives them); float
+    labels (regression, multi-label): every element."""
     if not isinstance(batch, Mapping):
         return None
     shifted = batch.get("shift_labels")
@@ -51,12 +90,14 @@ def targets(model, batch, size: int | None = None, start: int = 0, stop: int | N
         return None
     if size is not None and labels.shape[0] != size:
         return None  # not one row per sample: how a micro-batch's part counts is unknown
-    labels = labels[start:stop]
+    rows = labels.shape[0]
     if labels.is_floating_point():
-        return labels.numel()
+        return torch.full((rows,), labels[0].numel() if rows else 0, dtype=torch.int64,
+                          device=labels.device)
     if not given and labels.dim() >= 2 and shifts_labels(model):
         labels = labels[..., 1:]
-    return int((labels != IGNORE_INDEX).sum())
+    counted = labels != IGNORE_INDEX
+    return counted.flatten(1).sum(1) if counted.dim() >= 2 else counted.to(torch.int64)
 
 
 def shifts_labels(model) -> bool:

@@ -316,6 +316,9 @@ class Step:
                 self._planning.learn_times(clocked[1], times)
         seconds = {}
         batch = _no_cache(self.model, batch)
+        # the micro-batches' shares need the batch's targets: counted now, read after planning
+        counted = loss_weights.start_counting(self.model, batch, size) \
+            if self.loss_fn is mb.default_loss else None
         loss_fn = self._loss_fn(batch, limit)
         tokens = shape.sequence_length(batch, size)
         key = ("token", tokens) if tokens is not None else \
@@ -351,8 +354,10 @@ class Step:
                 meter.give_back()
         probes = before.nbytes if "profile" in seconds else 0
         if self.frozen and limit is not None:
-            return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn, meter)
-        loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn, meter)
+            return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn, meter,
+                                    counted)
+        loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn, meter,
+                         counted)
         if limit is not None:
             if self._optimizer_cap is not None and meter.can_cap:
                 self._optimizer_cap.arm(meter, limit)
@@ -417,14 +422,16 @@ class Step:
             return 0
         return 2 * 4 * chunk * self.model.get_output_embeddings().out_features
 
-    def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn, meter):
+    def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn, meter,
+                    counted=None):
         """A pinned (or frozen) plan under a limit: not planned for it, so its peak is held
         against the limit after it ran; above it, MemoryLimitError and .grad put back as it
         was (what it held is set aside around the step, as accumulate does in it)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         kept = accumulate._set_aside(params)
         try:
-            loss = self._run(batch, size, plan, limit, floor, seconds, 0, loss_fn, meter)
+            loss = self._run(batch, size, plan, limit, floor, seconds, 0, loss_fn, meter,
+                             counted)
             if self.stats.peak > limit:
                 raise MemoryLimitError(
                     f"the pinned plan ({self.describe()}) peaked at "
@@ -530,7 +537,10 @@ class Step:
             self._contexts[storage] = ctx
         return self._contexts[storage]
 
-    def _run(self, batch, size, plan, limit, floor, seconds, probes: int, loss_fn, meter):
+    def _run(self, batch, size, plan, limit, floor, seconds, probes: int, loss_fn, meter,
+             counted=None):
+        """One step of `plan`; `counted`: the batch's targets per sample on their way to the
+        host (loss_weights.start_counting)."""
         ranges = mb.slices(size, plan.micro_batches)
         if plan.storage == "budget":
             ctx = self._context("budget")
@@ -565,8 +575,8 @@ class Step:
 
         t_all = time.perf_counter()
         try:
-            shares = loss_weights.shares(self.model, batch, size, ranges,
-                                         self.loss_fn is mb.default_loss)
+            shares = loss_weights.shares(batch, size, ranges, self.loss_fn is mb.default_loss,
+                                         counted)
             if clock is not None:
                 clock.begin("step")
             with meter.peak() as peak:
