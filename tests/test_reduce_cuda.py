@@ -12,6 +12,8 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -55,12 +57,39 @@ def small_blocks(tmp_path, monkeypatch):
         return
     from actcodec.reduce import cuda as rcuda
 
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    monkeypatch.setattr(FakeCUDAShared, "array", _shared_once(FakeCUDAShared.array))
     old = rcuda.configure(4, 8)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)
     yield
     sys.setswitchinterval(interval)
     rcuda.configure(*old)
+
+
+def _shared_once(real):
+    """The simulator's cuda.shared.array (`real`), made once per block and source line under
+    a lock. Numba's own looks the line up and creates the array unlocked: two threads of a
+    block can each make one, and the writes of the thread left with the array the dict
+    dropped are lost (a tree reduction then misses that thread's values, now and then)."""
+    from numba.core import types
+    from numba.np import numpy_support
+
+    lock = threading.Lock()
+
+    def array(self, shape, dtype):
+        if shape == 0:  # dynamic shared memory: one buffer, nothing created per line
+            return real(self, shape, dtype)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = traceback.extract_stack(sys._getframe(1), limit=1)[-1][0:2]
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+    return array
 
 
 def to_device(x):
