@@ -390,6 +390,20 @@ def test_device_integer_saves_narrow_only_where_worth_a_read(monkeypatch):
     assert packing.pack(small, packing.Setting(bits=8)).kept.dtype == torch.int32  # the CPU
 
 
+def test_an_integer_save_kept_as_it_is_is_held_once_however_many_ops_save_it(monkeypatch):
+    # token ids on a device (kept: under 1 MiB) read by two embeddings: one hold, not two
+    force_device_route(monkeypatch)
+    emb = torch.nn.Embedding(50000, 8)
+    ids = torch.randint(0, 50000, (8, 1024))
+    with compress_saved(min_bytes=0) as ctx:
+        a = emb(ids)
+        before = ctx.stats.stored_bytes
+        b = torch.nn.functional.embedding(ids, emb.weight)
+        assert ctx.stats.stored_bytes - before < ids.numel() * 8
+        loss = (a * b).sum()
+    loss.backward()
+
+
 def test_device_path_matches_the_c_path(monkeypatch):
     """Tensors on other devices are packed with torch ops on that device; forced on CPU here,
     the payload bytes and the gradients equal those of the C path."""

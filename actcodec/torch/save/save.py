@@ -366,8 +366,8 @@ class SaveSession:
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                tuple(t.stride()), t._version, t.device)
         hit = self._kept.get(key)
-        if hit is not None and hit() is not None and packed is None:
-            return hit()  # the same storage kept already: held once
+        if hit is not None and hit() is not None:
+            return hit()  # the same storage kept already (by save or here): held once
         # Detached: an op's output kept by its own node would otherwise form a reference cycle
         # through autograd's C++ objects, and a graph that never runs backward would leak.
         packed = packed if packed is not None else keep(t.detach())
