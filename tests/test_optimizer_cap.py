@@ -140,3 +140,69 @@ def test_an_optimizer_with_the_hooks_pickles_and_copies(capping):
     assert set(state) == {"state", "param_groups"}
     step.close()
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+
+
+def test_steps_sharing_an_optimizer_share_its_cap_and_the_last_step_arms_it(capping):
+    log, _ = capping
+    m = model()
+    opt = Recording(m.parameters(), log)
+    x = torch.randn(16, 32)
+    a = act.Step(m, limit="1GiB", loss_fn=mse, optimizer=opt)
+    b = act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt)
+    assert a._optimizer_cap is b._optimizer_cap and len(opt._optimizer_step_pre_hooks) == 1
+    a(x)
+    b(x)  # disarms what a armed
+    log.clear()
+    opt.step()
+    assert log == [("enter", 4 << 30), "optimizer step", ("exit", 4 << 30)]
+    a.close()  # b still uses the hooks
+    b(x)
+    log.clear()
+    opt.step()
+    assert log == [("enter", 4 << 30), "optimizer step", ("exit", 4 << 30)]
+    b.close()
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+
+
+def test_a_pinned_plan_under_a_limit_caps_the_optimizer_step_after_it(capping):
+    log, _ = capping
+    m = model()
+    opt = Recording(m.parameters(), log)
+    with act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt,
+                  plan={"micro_batches": 1}) as step:
+        step(torch.randn(16, 32))
+        log.clear()
+        opt.step()
+        assert log == [("enter", 4 << 30), "optimizer step", ("exit", 4 << 30)]
+
+
+def test_a_step_collected_inside_the_optimizers_hook_does_not_wait_for_itself(monkeypatch):
+    # a Step in a reference cycle, finalized by the cyclic collector while the optimizer's
+    # pre-hook holds the cap's lock in the same thread
+    import gc
+
+    log = []
+
+    class Collecting(CappingMeter):
+        def capped(self, limit):
+            gc.collect()
+            return super().capped(limit)
+
+    monkeypatch.setattr(meters, "meter_for", lambda m, cuda=None: Collecting(log))
+    monkeypatch.setattr(step_mod, "_room_for_the_optimizer", lambda *args: None)
+    m = model()
+    opt = torch.optim.AdamW(m.parameters())
+    step = act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt)
+    step(torch.randn(16, 32))
+    step.cycle = step
+    del step
+    log.clear()
+    # finishes (a thread, so that a lock waiting for itself fails the test, not hangs it):
+    # the cap it entered is closed again, the hooks are off
+    import threading
+    worker = threading.Thread(target=opt.step, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "the optimizer's step waits for a lock its thread holds"
+    assert log == [("enter", 4 << 30), ("exit", 4 << 30)]
+    assert not opt._optimizer_step_pre_hooks

@@ -42,6 +42,8 @@ def test_foreach_by_default_where_torch_runs_it(monkeypatch):
     assert optimizer_state.step_parts(torch.optim.AdamW(ps)) == (4400, 4000 + 400)
     assert optimizer_state.step_parts(torch.optim.AdamW(ps, foreach=False)) == (4400, 2 * 4000)
     assert optimizer_state.step_parts(torch.optim.AdamW(ps, fused=True)) == (4400, 0)
+    # fused=False alone: torch's default applies only where neither is set
+    assert optimizer_state.step_parts(torch.optim.AdamW(ps, fused=False)) == (4400, 2 * 4000)
     assert optimizer_state.step_parts(
         torch.optim.AdamW(ps, lr=torch.tensor(1e-3))) == (4400, 2 * 4000)
 

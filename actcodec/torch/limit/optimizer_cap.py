@@ -10,8 +10,12 @@ pre- and post-hooks on the optimizer): it frees cached blocks only where a tempo
 none of them. An optimizer step that raises leaves the cap in force until the next training
 step starts (disarm), the next optimizer step, or close (release).
 
-The hooks hold this object, not the Step: the optimizer's state_dict, pickle and deepcopy
-carry no hooks (torch.optim's __getstate__ leaves them out).
+One per optimizer, shared by the Steps given it (`attach`; the last to release takes the
+hooks off): the optimizer's step after a training step runs under that step's cap alone,
+whichever Step ran it. The hooks hold this object, not the Steps: the optimizer's
+state_dict, pickle and deepcopy carry no hooks (torch.optim's __getstate__ leaves them
+out). The lock is reentrant: a Step collected (its finalizer releasing) while a hook holds
+it, in the same thread, must not wait for itself.
 """
 from __future__ import annotations
 
@@ -22,11 +26,24 @@ class OptimizerCap:
     """Arms the next `optimizer.step()` to run under `meter.capped(limit)`, once."""
 
     def __init__(self, optimizer):
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._armed = None  # (meter, limit) for the next optimizer step
         self._open = None  # the cap context an optimizer step runs in now
+        self.users = 1
         self._handles = [optimizer.register_step_pre_hook(self._before),
                          optimizer.register_step_post_hook(self._after)]
+
+    @classmethod
+    def attach(cls, optimizer) -> "OptimizerCap":
+        """The optimizer's cap, with one user more: the one another Step put on it, or new."""
+        for hook in getattr(optimizer, "_optimizer_step_pre_hooks", {}).values():
+            cap = getattr(hook, "__self__", None)
+            if isinstance(cap, cls):
+                with cap.lock:
+                    if cap.users > 0:
+                        cap.users += 1
+                        return cap
+        return cls(optimizer)
 
     def arm(self, meter, limit: int) -> None:
         """The next optimizer step (only it) runs with the allocator kept to `limit`."""
@@ -40,10 +57,17 @@ class OptimizerCap:
             self._close()
 
     def release(self) -> None:
-        self.disarm()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        """One user fewer; the last takes the hooks off (and closes a cap left open)."""
+        with self.lock:
+            if self.users <= 0:
+                return
+            self.users -= 1
+            if self.users:
+                return
+            self.disarm()
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
 
     def _before(self, optimizer, args, kwargs) -> None:
         with self.lock:
@@ -55,6 +79,8 @@ class OptimizerCap:
             cap = meter.capped(limit)
             cap.__enter__()
             self._open = cap
+            if self.users <= 0:  # released meanwhile (a Step collected in this thread)
+                self._close()
 
     def _after(self, optimizer, args, kwargs) -> None:
         with self.lock:

@@ -71,10 +71,13 @@ def step_parts(optimizer) -> tuple[int, int]:
 
 
 def _foreach(group: dict, params: list) -> bool:
-    """Whether the group's update runs foreach: as set, else torch.optim's default (foreach
-    where every parameter is on a device that has its kernels, and nothing asks otherwise)."""
+    """Whether the group's update runs foreach: as set, else (neither foreach nor fused
+    set) torch.optim's default: foreach where every parameter is on a device that has its
+    kernels, and nothing asks otherwise."""
     if group.get("foreach") is not None:
         return bool(group["foreach"])
+    if group.get("fused") is not None:  # torch defaults only where neither is set
+        return False
     if group.get("differentiable") or (isinstance(group.get("lr"), torch.Tensor) and
                                        not group.get("capturable")):
         return False

@@ -179,7 +179,7 @@ class Step:
         # the optimizer's step after a step under a limit, kept to it by the allocator
         # where the meter can (CUDA): hooks on the optimizer, taken off with the blocks'
         self._optimizer_cap = None if optimizer is None else \
-            optimizer_cap.OptimizerCap(optimizer)
+            optimizer_cap.OptimizerCap.attach(optimizer)
         self._detach = weakref.finalize(self, _release, attachment, local,
                                         *filter(None, [self._optimizer_cap]))
         self._detach.atexit = False
@@ -318,7 +318,9 @@ class Step:
         batch = _no_cache(self.model, batch)
         # the micro-batches' shares need the batch's targets: counted now, read after planning
         counted = loss_weights.start_counting(self.model, batch, size) \
-            if self.loss_fn is mb.default_loss else None
+            if self.loss_fn is mb.default_loss and not (
+                isinstance(batch, Mapping) and batch.get("num_items_in_batch") is not None) \
+            else None
         loss_fn = self._loss_fn(batch, limit)
         tokens = shape.sequence_length(batch, size)
         key = ("token", tokens) if tokens is not None else \
@@ -354,10 +356,11 @@ class Step:
                 meter.give_back()
         probes = before.nbytes if "profile" in seconds else 0
         if self.frozen and limit is not None:
-            return self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn, meter,
+            loss = self._run_pinned(batch, size, plan, limit, floor, seconds, loss_fn, meter,
                                     counted)
-        loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn, meter,
-                         counted)
+        else:
+            loss = self._run(batch, size, plan, limit, floor, seconds, probes, loss_fn, meter,
+                             counted)
         if limit is not None:
             if self._optimizer_cap is not None and meter.can_cap:
                 self._optimizer_cap.arm(meter, limit)
