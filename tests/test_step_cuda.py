@@ -24,10 +24,8 @@ def flat_grad(m):
     return torch.cat([p.grad.flatten() for p in m.parameters()])
 
 
-def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
-    m = gpt2()
-    ids = torch.randint(0, 2048, (16, 512), device="cuda")
-    batch = {"input_ids": ids, "labels": ids}
+def plain_step(m, batch):
+    """(allocated bytes before, peak reserved bytes, the gradient) of a plain step."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     floor = torch.cuda.memory_allocated()
@@ -36,6 +34,19 @@ def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
     plain_peak = torch.cuda.max_memory_reserved()
     plain = flat_grad(m).clone()
     m.zero_grad(set_to_none=True)
+    return floor, plain_peak, plain
+
+
+def exact_to(m, plain, step) -> None:
+    cos = torch.nn.functional.cosine_similarity(flat_grad(m).double(), plain.double(), dim=0)
+    assert cos >= 0.99999, (float(cos), step.describe())
+
+
+def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
+    m = gpt2()
+    ids = torch.randint(0, 2048, (16, 512), device="cuda")
+    batch = {"input_ids": ids, "labels": ids}
+    floor, plain_peak, plain = plain_step(m, batch)
     limit = floor + plain.numel() * 4 + (plain_peak - floor) // 3
     step = act.Step(m, limit=limit, exact=True)
     for _ in range(3):
@@ -43,9 +54,7 @@ def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
         step(batch)
         assert step.stats.peak <= limit, (step.stats, step.describe())
         assert torch.cuda.memory_reserved() <= limit
-        cos = torch.nn.functional.cosine_similarity(flat_grad(m).double(), plain.double(),
-                                                    dim=0)
-        assert cos >= 0.99999, (float(cos), step.describe())
+        exact_to(m, plain, step)
         m.zero_grad(set_to_none=True)
     assert step.plan.micro_batches > 1 or step.plan.recompute or step.plan.storage != "plain"
 
@@ -68,14 +77,7 @@ def test_one_long_sequence_on_cuda_is_planned_along_it_with_its_moments():
     m = gpt2()
     ids = torch.randint(0, 2048, (1, 4096), device="cuda")
     batch = {"input_ids": ids, "labels": ids}
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    floor = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    m(**batch).loss.backward()
-    plain_peak = torch.cuda.max_memory_reserved()
-    plain = flat_grad(m).clone()
-    m.zero_grad(set_to_none=True)
+    floor, plain_peak, plain = plain_step(m, batch)
     limit = floor + plain.numel() * 4 + (plain_peak - floor - plain.numel() * 4) // 2
     step = act.Step(m, limit=limit, exact=True)
     for _ in range(3):
@@ -85,9 +87,7 @@ def test_one_long_sequence_on_cuda_is_planned_along_it_with_its_moments():
         # step's last reset of it
         assert step.stats.peak <= limit, (step.stats, step.describe())
         assert torch.cuda.max_memory_reserved() <= limit, step.describe()
-        cos = torch.nn.functional.cosine_similarity(flat_grad(m).double(), plain.double(),
-                                                    dim=0)
-        assert cos >= 0.99999, (float(cos), step.describe())
+        exact_to(m, plain, step)
         m.zero_grad(set_to_none=True)
     assert step.profile.unit == "token"
     assert all(b.moment is not None for b in step.profile.blocks), step.profile
