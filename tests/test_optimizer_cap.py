@@ -48,6 +48,17 @@ class Recording(torch.optim.AdamW):
         return super().step(closure)
 
 
+def assert_capped_step(opt, log, limit):
+    """The optimizer's step, run now, under the cap of `limit` and nothing else."""
+    log.clear()
+    opt.step()
+    assert log == [("enter", limit), "optimizer step", ("exit", limit)]
+
+
+def assert_no_hooks(opt):
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+
+
 def mse(m, b):
     return m(b).pow(2).mean()
 
@@ -139,7 +150,7 @@ def test_an_optimizer_with_the_hooks_pickles_and_copies(capping):
     assert not copied._optimizer_step_pre_hooks and not copied._optimizer_step_post_hooks
     assert set(state) == {"state", "param_groups"}
     step.close()
-    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    assert_no_hooks(opt)
 
 
 def test_steps_sharing_an_optimizer_share_its_cap_and_the_last_step_arms_it(capping):
@@ -152,16 +163,12 @@ def test_steps_sharing_an_optimizer_share_its_cap_and_the_last_step_arms_it(capp
     assert a._optimizer_cap is b._optimizer_cap and len(opt._optimizer_step_pre_hooks) == 1
     a(x)
     b(x)  # disarms what a armed
-    log.clear()
-    opt.step()
-    assert log == [("enter", 4 << 30), "optimizer step", ("exit", 4 << 30)]
+    assert_capped_step(opt, log, 4 << 30)
     a.close()  # b still uses the hooks
     b(x)
-    log.clear()
-    opt.step()
-    assert log == [("enter", 4 << 30), "optimizer step", ("exit", 4 << 30)]
+    assert_capped_step(opt, log, 4 << 30)
     b.close()
-    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    assert_no_hooks(opt)
 
 
 def test_a_pinned_plan_under_a_limit_caps_the_optimizer_step_after_it(capping):
@@ -171,9 +178,7 @@ def test_a_pinned_plan_under_a_limit_caps_the_optimizer_step_after_it(capping):
     with act.Step(m, limit="4GiB", loss_fn=mse, optimizer=opt,
                   plan={"micro_batches": 1}) as step:
         step(torch.randn(16, 32))
-        log.clear()
-        opt.step()
-        assert log == [("enter", 4 << 30), "optimizer step", ("exit", 4 << 30)]
+        assert_capped_step(opt, log, 4 << 30)
 
 
 def test_a_step_collected_inside_the_optimizers_hook_does_not_wait_for_itself(monkeypatch):

@@ -39,11 +39,15 @@ def shares(batch, size: int, ranges: list, default_loss: bool, counted=None) -> 
     return [(stop - start) / size for start, stop in ranges]
 
 
-def start_counting(model, batch, size: int):
+def start_counting(model, batch, size: int, default_loss: bool):
     """The targets of each sample (per_sample_targets) on their way to the host, for shares:
     started before the step is planned, so that on a device the count is queued behind the
     work already there and read once the plan is made, rather than waited for at once; None
-    where they are not known."""
+    where they are not known, or shares weighs the micro-batches otherwise (not the default
+    loss, or by `num_items_in_batch`)."""
+    if not default_loss or not isinstance(batch, Mapping) or \
+            batch.get("num_items_in_batch") is not None:
+        return None
     per_sample = per_sample_targets(model, batch, size)
     return None if per_sample is None else OnTheWay(per_sample)
 

@@ -317,10 +317,8 @@ class Step:
         seconds = {}
         batch = _no_cache(self.model, batch)
         # the micro-batches' shares need the batch's targets: counted now, read after planning
-        counted = loss_weights.start_counting(self.model, batch, size) \
-            if self.loss_fn is mb.default_loss and not (
-                isinstance(batch, Mapping) and batch.get("num_items_in_batch") is not None) \
-            else None
+        counted = loss_weights.start_counting(self.model, batch, size,
+                                              self.loss_fn is mb.default_loss)
         loss_fn = self._loss_fn(batch, limit)
         tokens = shape.sequence_length(batch, size)
         key = ("token", tokens) if tokens is not None else \
