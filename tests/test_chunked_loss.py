@@ -189,6 +189,44 @@ def test_backward_scales_by_the_incoming_gradient_and_runs_once():
         loss.backward()
 
 
+@given(labels=st.lists(st.sampled_from([-100, -100, -7, 0, 1, 5, 100, 101, 3000]),
+                       max_size=12), ignore=st.sampled_from([-100, 0, 5]))
+def test_the_targets_and_their_bounds_come_from_one_read(labels, ignore):
+    """_targets gives the positions that have a target and the least and greatest of their
+    labels, as a plain mask would (the bounds taken over those positions only)."""
+    t = torch.tensor(labels, dtype=torch.int64)
+    rows, low, high = chunked_loss._targets(t, ignore)
+    kept = [i for i, v in enumerate(labels) if v != ignore]
+    assert rows.tolist() == kept and rows.dtype == torch.int64
+    if kept:
+        assert (low, high) == (min(labels[i] for i in kept), max(labels[i] for i in kept))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_device_forward_waits_for_it_once_and_backward_never():
+    """Each wait for the device leaves it idle while the host queues the next work: forward
+    reads the targets' count and bounds together; backward reads nothing."""
+    import warnings
+    hidden, weight, bias, labels = (t.detach().cuda() for t in inputs(tokens=(4, 33)))
+    hidden.requires_grad_(), weight.requires_grad_()
+    torch.cuda.synchronize()
+    mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as forward:
+            warnings.simplefilter("always")
+            loss = act.chunked_cross_entropy(hidden, weight, labels, bias=bias, chunk_tokens=16,
+                                             shift=True)
+        with warnings.catch_warnings(record=True) as backward:
+            warnings.simplefilter("always")
+            loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+    syncs = [str(w.message) for w in forward if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
+    assert not [str(w.message) for w in backward if "synchroniz" in str(w.message)]
+
+
 def test_saved_tensor_hooks_do_not_touch_the_stored_gradients():
     """The gradients forward keeps are not autograd's saved tensors: a hook that would spoil
     every saved tensor (as a lossy codec might) leaves them exact."""

@@ -87,13 +87,11 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     if shift:
         targets = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     targets = targets.reshape(-1).to(hidden.device)
-    rows = (targets != ignore_index).nonzero().squeeze(1)
-    if rows.numel():
-        low, high = int(targets[rows].min()), int(targets[rows].max())
-        if low < 0 or high >= vocab:
-            bad = low if low < 0 else high
-            raise ValueError(f"chunked_cross_entropy: label {bad} is outside the vocabulary "
-                             f"[0, {vocab}) and is not ignore_index ({ignore_index})")
+    rows, low, high = _targets(targets, ignore_index)
+    if rows.numel() and (low < 0 or high >= vocab):
+        bad = low if low < 0 else high
+        raise ValueError(f"chunked_cross_entropy: label {bad} is outside the vocabulary "
+                         f"[0, {vocab}) and is not ignore_index ({ignore_index})")
     if reduction == "sum":
         divisor = 1.0
     elif num_items_in_batch is not None:
@@ -109,6 +107,22 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
         grad_weight=grad_on and weight.requires_grad,
         grad_bias=grad_on and bias is not None and bias.requires_grad)
     return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, rows, options)
+
+
+def _targets(targets: torch.Tensor, ignore_index: int):
+    """(rows, least, greatest): the flat positions that have a target, and the least and
+    greatest of their labels (0, 0 with none), with one read from the device: the count
+    that sizes `rows` and the bounds that check the labels travel together (read apart, each
+    would be a wait for the device)."""
+    counted = targets != ignore_index
+    if not targets.numel():
+        return counted.nonzero().squeeze(1), 0, 0
+    labels = targets.to(torch.int64)
+    top, bottom = torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min
+    count, low, high = torch.stack([counted.sum(), torch.where(counted, labels, top).min(),
+                                    torch.where(counted, labels, bottom).max()]).tolist()
+    rows = torch.nonzero_static(counted, size=count).squeeze(1)
+    return (rows, low, high) if count else (rows, 0, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +154,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                                "same forward; its gradients are computed in forward and handed "
                                "over once (retain_graph=True is not supported): run the "
                                "forward again")
-        if float(grad_loss) != 1.0:
+        # On a device the product is taken whatever the incoming gradient (a product with 1.0
+        # is exact): reading it to skip the product would wait for the device.
+        if grad_loss.device.type != "cpu" or float(grad_loss) != 1.0:
             for grad in grads:
                 if grad is not None:
                     grad.mul_(grad_loss.to(grad.dtype))  # ours alone: in place, no copy
