@@ -60,6 +60,35 @@ def codecs(elements: int) -> dict:
     return rows
 
 
+ENCODE_SHAPES = [(1024, 1), (1024, 2), (1024, 4), (2048, 2), (2048, 4), (4096, 4), (4096, 8),
+                 (8192, 8)]
+DECODE_SHAPES = [(1024, 2), (1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8)]
+
+
+def tiles(elements: int) -> dict:
+    """The quant kernels' tile (elements per program) and warps against a device copy, each
+    as the encode and decode calls them (the encode with its buffers and statistics rows):
+    which one fused.QUANT_TILE and DECODE_TILE should be on this GPU."""
+    dev = torch.device("cuda")
+    x = torch.randn(elements, device=dev)
+    dst = torch.empty_like(x)
+    t_copy = timed(lambda: dst.copy_(x), 20)
+    flat = x.view(torch.int32)
+    rows = {}
+    for bits in (8, 2):
+        p = {"bits": bits, "group_size": 256, "rounding": "nearest", "seed": 0}
+        bufs = fused._quantize(flat, "float32", p)[0]
+        for tile, warps in ENCODE_SHAPES:
+            te = timed(lambda: fused._quantize(flat, "float32", p, tile, warps), 10)
+            rows[f"{bits}-bit encode {tile} x {warps}"] = round(te / t_copy, 3)
+        for tile, warps in DECODE_SHAPES:
+            td = timed(lambda: fused._dequantize(bufs, elements, "float32", p, dst, tile, warps),
+                       10)
+            rows[f"{bits}-bit decode {tile} x {warps}"] = round(td / t_copy, 3)
+    print("tiles:", rows, flush=True)
+    return rows
+
+
 def model(name: str):
     import transformers as tf
     tf.logging.set_verbosity_error()
@@ -113,6 +142,12 @@ def markdown(res: dict) -> str:
             codec, path = key.split(" ", 1)
             lines.append(f"| {codec} | {path} | {row['encode_vs_copy']}x | "
                          f"{row['decode_vs_copy']}x |")
+    lines += ["", "## The quant kernels' tile x warps, time over a device copy "
+              f"(defaults: encode {fused.QUANT_TILE}, decode {fused.DECODE_TILE})", "",
+              "| kernel | tile x warps | vs copy |", "|---|---|---|"]
+    for key, ratio in res["tiles"].items():
+        kernel, shape = key.rsplit(" ", 3)[0], " ".join(key.rsplit(" ", 3)[1:])
+        lines.append(f"| {kernel} | {shape} | {ratio}x |")
     for name, rows in res["steps"].items():
         plain = rows["fp32"]["step_ms"]
         lines += ["", f"## One training step, {name}", "",
@@ -136,6 +171,7 @@ def main():
     import triton
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "triton": triton.__version__, "codecs": codecs(args.elements),
+           "tiles": tiles(args.elements),
            "steps": {m: steps(m, args.configs.split(","), args.steps)
                      for m in args.models.split(",")}}
     DOCS.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,28 @@ def test_every_quant_setting_and_ragged_size(bits, group, rounding, seed, name, 
     assert fused_check(t, codec, kw) is not None
 
 
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(BITS), st.sampled_from([32, 256, 2048, None]), ROUNDINGS,
+       st.sampled_from(NAMES), st.sampled_from([1, 255, 1025, 4097, 9000]),
+       st.sampled_from([256, 512, 2048, 8192]), st.sampled_from([1, 4, 8]))
+def test_the_tile_a_program_takes_changes_no_byte(bits, group, rounding, name, n, tile, warps):
+    """Any tile (bench/gpu.py compares them on a GPU) gives the default tile's encoding and
+    statistics, and its decode the same bits."""
+    rng = np.random.default_rng(n + bits)
+    flat, name = device._flat_bits(here(from_values(name, rng.standard_normal(n))))
+    p = {"bits": bits, "group_size": group, "rounding": rounding, "seed": 3}
+    want, want_stats = fused._quantize(flat, name, p)
+    got, got_stats = fused._quantize(flat, name, p, tile=tile, warps=warps)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert fused._read(got_stats) == fused._read(want_stats)
+    out = [torch.empty(n, dtype=torch.float32, device=flat.device) for _ in range(2)]
+    fused._dequantize(want, n, "float32", p, out[0])
+    fused._dequantize(want, n, "float32", p, out[1], tile=max(256, tile // 2), warps=warps)
+    assert torch.equal(out[0].view(torch.int32), out[1].view(torch.int32))
+    with pytest.raises(ValueError, match="power of two"):
+        fused._quantize(flat, name, p, tile=3000)
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("case", CASES)
 def test_adversarial_values(case, name):
