@@ -188,6 +188,45 @@ def test_a_limit_above_what_there_is_warns_and_is_planned_as_it(monkeypatch):
     assert step.stats.limit < 1 << 40
 
 
+class SeldomMeter(meters.ProcessMeter):
+    """The process's meter, read as CUDA's is: its capacity (a driver call there) counted."""
+
+    capacity_each_step = False
+
+    def __init__(self, calls, has):
+        self.calls, self.has = calls, has
+
+    def capacity(self):
+        self.calls.append(1)
+        return self.has
+
+
+def test_a_limit_in_bytes_reads_a_devices_capacity_when_set_and_after_running_out(monkeypatch):
+    calls, has = [], [meters.resident.rss() + 8192 * MiB]  # a list: read when called
+    step = act.Step(small_model(), limit=1 << 40, loss_fn=mse)
+    monkeypatch.setattr(step, "_meter", lambda strict: SeldomMeter(calls, has[0]))
+    x = torch.randn(32, 64)
+    with pytest.warns(RuntimeWarning, match="above what"):
+        step(x)
+    step(x)
+    assert len(calls) == 1 and step.stats.limit == has[0]
+    step.limit = 1 << 41
+    step(x)
+    assert len(calls) == 2
+    within = step._within
+    monkeypatch.setattr(step, "_within", lambda *a: (_ for _ in ()).throw(
+        torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")))
+    with pytest.raises(act.MemoryLimitError):
+        step(x)
+    monkeypatch.setattr(step, "_within", within)
+    step(x)  # the device may have less after running out: read again
+    assert len(calls) == 3 and step.stats.limit == has[0]
+    step.limit = "free"  # read at every step
+    step(x)
+    step(x)
+    assert len(calls) == 5
+
+
 def test_limit_free_where_nothing_says_how_much_is_refused(monkeypatch):
     monkeypatch.setattr(meters.ProcessMeter, "capacity", lambda self: None)
     with pytest.raises(ValueError, match="limit='free'"):

@@ -27,7 +27,9 @@ on a GPU), so that a Step, its probes and its solver work the same on both.
   seconds must be its work's, not its launches').
 - `capacity()`: the most `held()` could reach now (what is held and what is free:
   MemAvailable, or a cgroup's memory.max where lower; the device's free memory), for
-  `limit="free"` and for a limit above what there is.
+  `limit="free"` and for a limit above what there is; `capacity_each_step`: whether a limit
+  in bytes is held against it at every step (else when the limit is set and after an
+  out-of-memory error: a driver call on CUDA).
 
 `meter_for(model)` picks one from where the model's parameters are; a device other than the
 CPU and CUDA gets a ValueError naming what is supported.
@@ -49,6 +51,7 @@ class ProcessMeter:
 
     device = torch.device("cpu")
     cold_probes = False  # a probe's allocations are served as a step's are
+    capacity_each_step = True  # /proc and the cgroup: cheap, and other processes move it
     # tensors smaller than this go to the C heap, whose holes a peak carries; larger ones to
     # actcodec's allocator, which a Step under a limit installs
     heap_below = allocator.THRESHOLD
@@ -178,6 +181,10 @@ class CudaMeter:
     # driver, a step's come from the cache, so a probe's seconds are not a step's
     cold_probes = True
     heap_below = 0  # the caching allocator serves every size alike
+    # what the device has free is a driver call (milliseconds on some drivers): a limit in
+    # bytes is held against it when it is set and after an out-of-memory error, "free" reads
+    # it every step
+    capacity_each_step = False
 
     def __init__(self, device, cuda=None):
         self.device = torch.device(device)

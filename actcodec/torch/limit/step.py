@@ -162,6 +162,7 @@ class Step:
         self._lock = threading.Lock()
         self._limit = _parse_limit(limit)
         self._over_capacity = None  # the last limit warned as above what the device has
+        self._capacity_seen = None  # (limit, device, capacity) where a meter reads it seldom
         self._lowered = False
         self.plan = None if plan is None else (
             plan if isinstance(plan, limit_plan.Plan) else limit_plan.Plan.from_dict(plan))
@@ -292,6 +293,7 @@ class Step:
                 with meter.capped(limit):
                     return self._within(batch, size, limit, lowered, meter)
             except torch.cuda.OutOfMemoryError as exc:
+                self._capacity_seen = None  # the device may have less now: read it again
                 plan = self.plan
                 if plan is not None and self._planning.profile is not None:
                     # judged as peaking just past the room it had (more is not known): the
@@ -380,7 +382,13 @@ class Step:
     def _within_capacity(self, limit, meter) -> int:
         """The limit this step plans for: "free" is what the device has now; a limit above
         that is planned as it, with a RuntimeWarning (once per limit)."""
-        capacity = meter.capacity()
+        seen = self._capacity_seen
+        if limit != "free" and not meter.capacity_each_step and seen is not None and \
+                seen[:2] == (limit, meter.device):
+            capacity = seen[2]
+        else:
+            capacity = meter.capacity()
+            self._capacity_seen = (limit, meter.device, capacity)
         if limit == "free":
             if capacity is None:
                 raise ValueError("limit='free': how much memory this process may use is not "
