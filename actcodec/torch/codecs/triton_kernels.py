@@ -50,18 +50,19 @@ def _stats_row(stats_ptr, pid, b, valid, EXP: tl.constexpr, HUGE: tl.constexpr,
     0, 0, 0) with atomics: nonzero count, the least and greatest nonzero bit pattern (equal
     iff the nonzero elements are one pattern), non-finite elements, finite elements of
     magnitude at least HUGE (2^126: a group's range could overflow float32), and `bad` (the
-    caller's count of bad groups). b: the element bits as int32. Returns the nonzero count."""
+    caller's count of bad groups). b: the element bits as int32, and valid, of one shape
+    (any rank: each reduction is over every element, in whatever order the compiler
+    keeps them, so no layout is converted). Returns the nonzero count."""
     nz = (b != 0) & valid
     nonfinite = ((b & EXP) == EXP) & valid
     huge = ((b & ABS) >= HUGE) & ~nonfinite & valid
-    count = tl.sum(nz.to(tl.int32), axis=0)
+    count = tl.sum(nz.to(tl.int32))
     stats_ptr += (pid % SLOTS) * 6
     tl.atomic_add(stats_ptr, count, sem="relaxed")
-    tl.atomic_min(stats_ptr + 1, tl.min(tl.where(nz, b, 2147483647), axis=0), sem="relaxed")
-    tl.atomic_max(stats_ptr + 2, tl.max(tl.where(nz, b, -2147483647 - 1), axis=0),
-                  sem="relaxed")
-    tl.atomic_add(stats_ptr + 3, tl.sum(nonfinite.to(tl.int32), axis=0), sem="relaxed")
-    tl.atomic_add(stats_ptr + 4, tl.sum(huge.to(tl.int32), axis=0), sem="relaxed")
+    tl.atomic_min(stats_ptr + 1, tl.min(tl.where(nz, b, 2147483647)), sem="relaxed")
+    tl.atomic_max(stats_ptr + 2, tl.max(tl.where(nz, b, -2147483647 - 1)), sem="relaxed")
+    tl.atomic_add(stats_ptr + 3, tl.sum(nonfinite.to(tl.int32)), sem="relaxed")
+    tl.atomic_add(stats_ptr + 4, tl.sum(huge.to(tl.int32)), sem="relaxed")
     tl.atomic_add(stats_ptr + 5, bad, sem="relaxed")
     return count
 
@@ -106,20 +107,23 @@ def quant_encode(x_ptr, packed_ptr, mins_ptr, scales_ptr, stats_ptr, n, nbytes, 
     else:
         q = (t + MAGIC).to(tl.int32, bitcast=True) - MAGIC_BITS
     q = tl.where(valid, tl.minimum(q, LEVELS), 0)
-    PER: tl.constexpr = 256 // BITS
-    PLANES: tl.constexpr = 8 // BITS
-    planes = tl.reshape(q, [TILE // PER, PLANES, 32])
-    shifts = (tl.arange(0, PLANES) * BITS)[None, :, None]
-    packed = tl.sum(planes << shifts, axis=1)  # distinct bits: the sum is the OR
-    BLOCKS: tl.constexpr = TILE // PER
-    out = pid * (BLOCKS * 32) + tl.arange(0, BLOCKS)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    tl.store(packed_ptr + out, packed.to(tl.uint8), mask=out < nbytes)
+    if BITS == 8:  # one code a byte, in element order: byte i is element i's code
+        tl.store(packed_ptr + idx, q.to(tl.uint8), mask=idx < nbytes)
+    else:
+        PER: tl.constexpr = 256 // BITS
+        PLANES: tl.constexpr = 8 // BITS
+        planes = tl.reshape(q, [TILE // PER, PLANES, 32])
+        shifts = (tl.arange(0, PLANES) * BITS)[None, :, None]
+        packed = tl.sum(planes << shifts, axis=1)  # distinct bits: the sum is the OR
+        BLOCKS: tl.constexpr = TILE // PER
+        out = pid * (BLOCKS * 32) + tl.arange(0, BLOCKS)[:, None] * 32 + \
+            tl.arange(0, 32)[None, :]
+        tl.store(packed_ptr + out, packed.to(tl.uint8), mask=out < nbytes)
     g = pid * ROWS + r
     tl.store(mins_ptr + g, mn, mask=g < ngroups)
     tl.store(scales_ptr + g, scale, mask=g < ngroups)
     bad = ((scale != scale) | (tl.abs(scale) == float("inf"))) & (g < ngroups)
-    b = tl.reshape(xb.to(tl.int32), [TILE])
-    _stats_row(stats_ptr, pid, b, tl.reshape(valid, [TILE]), EXP, HUGE, ABS,
+    _stats_row(stats_ptr, pid, xb.to(tl.int32), valid, EXP, HUGE, ABS,
                tl.sum(bad.to(tl.int32), axis=0))
 
 
