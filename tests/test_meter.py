@@ -28,17 +28,10 @@ class FakeCuda:
     def free(self, n):
         self.allocated -= n
 
-    def memory_allocated(self, device):
-        return self.allocated
-
-    def memory_reserved(self, device):
-        return self.reserved
-
-    def max_memory_reserved(self, device):
-        return self.max_reserved
-
-    def max_memory_allocated(self, device):
-        return self.max_allocated
+    def memory_stats_as_nested_dict(self, device):  # what the meter reads
+        return {"reserved_bytes": {"all": {"current": self.reserved, "peak": self.max_reserved}},
+                "allocated_bytes": {"all": {"current": self.allocated,
+                                            "peak": self.max_allocated}}}
 
     def reset_peak_memory_stats(self, device):  # both counters, as torch's
         self.max_reserved, self.max_allocated = self.reserved, self.allocated

@@ -205,18 +205,25 @@ class CudaMeter:
         reserved = resident.PeakCounter(self._max_reserved, self._reset)
         return reserved, resident.PeakCounter(self._max_allocated, self._reset, shares=reserved)
 
+    def _stat(self, name: str, field: str) -> int:
+        """One of the caching allocator's counters over all its pools, from its nested
+        statistics (torch.cuda.memory_reserved and its kin flatten and sort all of them,
+        about 130, in Python at every call: a step reads them a dozen times)."""
+        return self.cuda.memory_stats_as_nested_dict(self.device).get(name, {}).get(
+            "all", {}).get(field, 0)
+
     def _max_reserved(self) -> int:
-        return self.cuda.max_memory_reserved(self.device)
+        return self._stat("reserved_bytes", "peak")
 
     def _max_allocated(self) -> int:
-        return self.cuda.max_memory_allocated(self.device)
+        return self._stat("allocated_bytes", "peak")
 
     def _reset(self) -> bool:
         self.cuda.reset_peak_memory_stats(self.device)
         return True
 
     def held(self) -> int:
-        return self.cuda.memory_reserved(self.device)
+        return self._stat("reserved_bytes", "current")
 
     def live_peak(self) -> resident.Peak:
         """The peak of the allocated bytes (live tensors, as the allocator counts them when
@@ -224,7 +231,7 @@ class CudaMeter:
         return resident.Peak(counter=self.live_counter, now=self.live)
 
     def live(self) -> int:
-        return self.cuda.memory_allocated(self.device)
+        return self._stat("allocated_bytes", "current")
 
     def peak(self) -> resident.Peak:
         return resident.Peak(counter=self.counter, now=self.held)
