@@ -14,6 +14,7 @@ import actcodec.torch as act
 from actcodec import resident
 from actcodec.torch.limit import blocks
 from actcodec.torch.limit import limit_plan
+from actcodec.torch.limit import step_profile
 
 MiB = 1 << 20
 
@@ -157,7 +158,22 @@ def test_a_limit_below_the_floor_raises_and_leaves_grad_alone():
     with pytest.raises(act.MemoryLimitError, match="nothing was added to .grad") as err:
         step(data())
     assert isinstance(err.value, MemoryError)
-    assert err.value.needed > step.limit
+    assert err.value.needed is None and "smallest_limit()" in str(err.value)
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_a_limit_without_room_for_the_optimizers_step_is_refused_before_any_probe(
+        monkeypatch):
+    """Above what the process holds, below that and the optimizer's state and step: a probe
+    would take the process past the limit only to learn that no plan fits."""
+    m = model(width=1024)  # 134 MB of parameters: AdamW's state is twice that
+    opt = torch.optim.AdamW(m.parameters())
+    state = sum(p.numel() * p.element_size() for p in m.parameters()) * 2
+    monkeypatch.setattr(step_profile, "measure", lambda *a, **k: pytest.fail("probed"))
+    step = act.Step(m, limit=resident.rss() + state // 2, loss_fn=mse, optimizer=opt)
+    with pytest.raises(act.MemoryLimitError, match="leaves no room") as err:
+        step(data())
+    assert err.value.needed is None and "optimizer's first step will add" in str(err.value)
     assert all(p.grad is None for p in m.parameters())
 
 

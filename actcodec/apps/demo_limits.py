@@ -27,7 +27,7 @@ from . import demo_long, demo_text, limits_process
 MiB = 2**20
 FULL = {"width": 384, "batch_size": 16, "size": 512, "layers": 6, "steps": 10}
 QUICK = {"width": 256, "batch_size": 16, "size": 512, "layers": 2, "steps": 4}
-TOO_SMALL = "1MiB"  # a limit no step fits in: its refusal names the smallest that does
+TOO_SMALL = "1MiB"  # below what the process holds: refused before any probe runs
 # The smallest limit tried: what the runs before named, plus room for the next process's
 # floor (it differs from one process to the next by up to about 16 MiB)
 ABOVE_NAMED, ABOVE_NAMED_BYTES = 1.02, 16 * MiB

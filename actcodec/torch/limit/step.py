@@ -329,6 +329,7 @@ class Step:
             floor = self._floor(meter)
             if limit is not None and not self.frozen and self._planning.needs_probes(
                     key, limit - floor):
+                self._refuse_without_room(limit, floor)  # before a probe takes it over
                 t0 = time.perf_counter()
                 if tokens is None:
                     run, count, split, first = (
@@ -480,22 +481,44 @@ class Step:
         if plan is None:
             needed = self._planning.needed(floor)
             stepping = planning.limit_for(after, floor)
-            state = optimizer_state.pending_bytes(self.optimizer)
-            held = (f"the process holds {(floor - state) / MiB:.0f} MiB before the step and "
-                    f"the optimizer's first step will add {state / MiB:.0f} MiB" if state else
-                    f"the process holds {floor / MiB:.0f} MiB before the step")
-            hint = "" if self.optimizer is not None else (
-                " (pass optimizer= to Step so that the first step plans for the state the "
-                "optimizer creates)")
             what = (f"the smallest plan for a batch of {size} needs about "
                     f"{-(-needed // MiB)} MiB in all" if needed >= stepping else
                     f"the optimizer's step after it needs about {-(-stepping // MiB)} MiB in "
                     f"all (the gradients and its temporaries)")
             raise MemoryLimitError(
-                f"no plan fits a limit of {limit / MiB:.1f} MiB: {held}, and {what}; nothing "
-                f"was added to .grad{hint}", max(needed, stepping))
+                f"no plan fits a limit of {limit / MiB:.1f} MiB: {self._held(floor)}, and "
+                f"{what}; nothing was added to .grad{self._optimizer_hint()}",
+                max(needed, stepping))
         self.plan = plan
         return plan
+
+    def _refuse_without_room(self, limit: int, floor: int) -> None:
+        """MemoryLimitError, before any probe, where the limit leaves no room for a step above
+        the floor and the optimizer's step after it: a probe would take the process past
+        the limit only to learn that (its first sample cannot be predicted, whatever the
+        limit). The error names the least that is known to be needed, not a limit that
+        fits (`needed` is None): a step at that limit probes and names one."""
+        after = optimizer_state.step_bytes(self.optimizer)
+        if planning.available(limit - floor) > after:
+            return
+        least = planning.limit_for(after, floor)
+        raise MemoryLimitError(
+            f"no plan fits a limit of {limit / MiB:.1f} MiB: {self._held(floor)}, which "
+            f"leaves no room for the step (it needs more than {-(-least // MiB)} MiB in all; "
+            f"a step under limit='free' probes the model, and then step.smallest_limit() "
+            f"names the least it needs); nothing was added to .grad"
+            f"{self._optimizer_hint()}", None)
+
+    def _held(self, floor: int) -> str:
+        state = optimizer_state.pending_bytes(self.optimizer)
+        return (f"the process holds {(floor - state) / MiB:.0f} MiB before the step and the "
+                f"optimizer's first step will add {state / MiB:.0f} MiB" if state else
+                f"the process holds {floor / MiB:.0f} MiB before the step")
+
+    def _optimizer_hint(self) -> str:
+        return "" if self.optimizer is not None else (
+            " (pass optimizer= to Step so that the first step plans for the state the "
+            "optimizer creates)")
 
     def _check_pinned(self, plan, size: int, limit, floor: int) -> None:
         """A pinned plan's refusals before it runs: micro-batches where batch norm trains now
