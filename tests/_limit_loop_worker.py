@@ -4,7 +4,8 @@ labels, AdamW through `optimizer=`. Prints one JSON line per event on stdout; th
 samples this process's RSS from outside and compares it with the limit.
 
 argv: room_mib (the limit is the floor after setup plus this), then the batches as
-samples x tokens (e.g. 4x64 4x64 12x192 2x32). LIMIT_WORKER_VOCAB: the vocabulary (1024)."""
+samples x tokens (e.g. 4x64 4x64 12x192 2x32). LIMIT_WORKER_VOCAB: the vocabulary (1024);
+LIMIT_WORKER_MODEL=bloom: a Bloom layout instead."""
 import json
 import os
 import sys
@@ -35,9 +36,13 @@ def main():
     shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2:]]
     torch.manual_seed(0)
     vocab = int(os.environ.get("LIMIT_WORKER_VOCAB", "1024"))
-    cfg = transformers.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=vocab,
-                                  n_positions=2048, attn_implementation="eager")
-    model = transformers.GPT2LMHeadModel(cfg)
+    if os.environ.get("LIMIT_WORKER_MODEL") == "bloom":  # ALiBi: scores over every pair kept
+        cfg = transformers.BloomConfig(hidden_size=256, n_layer=4, n_head=4, vocab_size=vocab)
+        model = transformers.BloomForCausalLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=vocab,
+                                      n_positions=2048, attn_implementation="eager")
+        model = transformers.GPT2LMHeadModel(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = [batch(n, t, cfg.vocab_size, i) for i, (n, t) in enumerate(shapes)]
     limit = resident.live() + room * (1 << 20)

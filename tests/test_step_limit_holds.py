@@ -33,12 +33,13 @@ def rss_of(pid: int) -> int:
     return 0
 
 
-def run_loop(room_mib: int, shapes: list, vocab: int = 1024) -> tuple:
+def run_loop(room_mib: int, shapes: list, vocab: int = 1024, model: str = "gpt2") -> tuple:
     """The worker's events, and the largest RSS the parent saw after the limit was set."""
     proc = subprocess.Popen([sys.executable, str(WORKER), str(room_mib), *shapes],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TRANSFORMERS_VERBOSITY": "error",
-                                 "LIMIT_WORKER_VOCAB": str(vocab)})
+                                 "LIMIT_WORKER_VOCAB": str(vocab),
+                                 "LIMIT_WORKER_MODEL": model})
     events, started, peak = [], threading.Event(), [0]
 
     def read():
@@ -71,6 +72,17 @@ def test_batches_that_grow_and_shrink_stay_under_the_limit():
     # training of 12 x 192 tokens peaks ~340 MiB above the floor: this room needs a plan)
     assert [e["step"] for e in steps][:3] == [0, 1, 2], events
     assert not any(r["step"] in (0, 1, 2, 3) for r in refused), events
+
+
+def test_one_long_sample_whose_attention_keeps_its_scores_stays_under_the_limit():
+    """Bloom's eager ALiBi attention holds scores over every pair of positions: its peak
+    grows faster than a line through the probes at a quarter and a half of the sequence
+    (at this room a plan predicted from that line went 37-77 MiB over the limit)."""
+    events, seen = run_loop(380, ["1x2048", "1x2048"], vocab=8000, model="bloom")
+    limit = events[0]["limit"]
+    assert {e["event"] for e in events[1:-1]} <= {"step", "refused"}, events
+    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
+                           f"{limit / MiB:.0f} MiB", events)
 
 
 def test_a_limit_below_one_sample_is_refused_before_the_process_crosses_it():

@@ -178,3 +178,25 @@ def test_backwards_moments_are_lines_through_the_two_lean_probes():
     assert step_profile._moment_lines([block, block], 20.0, low, None) is None
     low.moments.blocks.pop(1)  # a block whose moment was not told apart
     assert step_profile._moment_lines([block, block], 20.0, low, high) is None
+
+
+def test_a_peak_growing_as_the_square_of_the_length_is_extrapolated_as_one():
+    """Along a sequence, three lean probes tell a square's growth from a line's: _curve adds
+    at the whole length exactly what the square grows beyond the line through the two
+    larger probes, and nothing where the peaks lie on a line (or bend below one)."""
+    def probe(tokens, peak):
+        p = step_profile.Probe(tokens)
+        p.peak = peak
+        return p
+
+    def square(x):
+        return 100.0 + 3.0 * x + 0.5 * x * x
+
+    low, mid, high = (probe(t, square(t)) for t in (256, 512, 1024))
+    line_at = high.peak + (2048 - 1024) * (high.peak - mid.peak) / (1024 - 512)
+    assert line_at + step_profile._curve(low, mid, high, 2048) == pytest.approx(square(2048))
+    flat = [probe(t, 100.0 + 3.0 * t) for t in (256, 512, 1024)]
+    assert step_profile._curve(*flat, 2048) == 0.0
+    bent = [probe(t, 100.0 + 30.0 * t ** 0.5) for t in (256, 512, 1024)]
+    assert step_profile._curve(*bent, 2048) == 0.0
+    assert step_profile._curve(low, mid, high, 1024) == 0.0  # nothing beyond the probes

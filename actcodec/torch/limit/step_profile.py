@@ -279,10 +279,15 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if slopes and every and not beyond and two.samples > k and (
                 room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
             lean_two = counted(two.samples, every, peak_only=True, moments=not twice)
+        # along a sequence, a third length below the two: whether the lean peak grows faster
+        # than its line (scores over every pair of positions, where attention keeps them)
+        curve = 0.0
+        if not twice and lean_two is not None and k >= 2:
+            curve = _curve(counted(k // 2, every, peak_only=True), lean, lean_two, batch)
         bare = []  # everything paged out: what the step needs whatever it holds
         if not twice and lean_two is not None and room is not None and lean_two.peak + (
                 batch - two.samples) * max(0.0, lean_two.peak - lean.peak) / (
-                two.samples - k) <= room:
+                two.samples - k) + curve <= room:
             paged = None  # recomputation fits: paging is not needed (nor offered)
             storages = tuple(name for name in storages if name not in OFF_DEVICE)
         if paged is not None and not beyond:
@@ -373,6 +378,17 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             flat = max(0.0, lean.peak - k * lean_slope)
         else:
             least, flat = max(least, slope), max(0.0, one.peak - k * slope)
+        # no plan peaks below the lean one (every block recomputed) at the whole sequence:
+        # its line, and what it grows by beyond it; with one lean length (the second did not
+        # fit), at least its growth per token above what does not grow, which a peak growing
+        # faster than a line only exceeds
+        if lean_two is not None:
+            lean_at = lean_two.peak + (batch - n) * lean_slope + curve
+        elif lean is not None:
+            lean_at = lean.peak + (batch - k) * max(0.0, lean.peak - fixed_guess) / k
+        else:
+            lean_at = 0.0
+        least = max(least, (lean_at - flat) / batch)
     made = []
     for name in storages:
         if name == "plain":
@@ -405,6 +421,17 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                               storages=tuple(made), split=split, effect=effect,
                               least=least, grads=grads, flat=flat,
                               chunk_floor=(meter or meters.ProcessMeter).heap_below)
+
+
+def _curve(low: Probe, mid: Probe, high: Probe, size: int) -> float:
+    """Bytes a peak growing as the square of the length (the second difference of three
+    probes' peaks) adds at `size` beyond the line through the two larger ones; 0 where it
+    grows no faster than a line."""
+    x0, x1, x2 = low.samples, mid.samples, high.samples
+    if not x0 < x1 < x2 < size:
+        return 0.0
+    square = ((high.peak - mid.peak) / (x2 - x1) - (mid.peak - low.peak) / (x1 - x0)) / (x2 - x0)
+    return max(0.0, square * (size - x1) * (size - x2))
 
 
 def _line(low: Probe, high: Probe, small: float, large: float, counted: float = 0.0):
