@@ -496,8 +496,8 @@ class Step:
         """MemoryLimitError, before any probe, where the limit leaves no room for a step above
         the floor and the optimizer's step after it: a probe would take the process past
         the limit only to learn that (its first sample cannot be predicted, whatever the
-        limit). The error names the least that is known to be needed, not a limit that
-        fits (`needed` is None): a step at that limit probes and names one."""
+        limit). The error says the least that is known to be needed, not a limit that fits
+        (`needed` is None): a step under limit="free" probes, and smallest_limit() names one."""
         after = optimizer_state.step_bytes(self.optimizer)
         if planning.available(limit - floor) > after:
             return
