@@ -5,7 +5,7 @@ samples this process's RSS from outside and compares it with the limit.
 
 argv: room_mib (the limit is the floor after setup plus this), then the batches as
 samples x tokens (e.g. 4x64 4x64 12x192 2x32). LIMIT_WORKER_VOCAB: the vocabulary (1024);
-LIMIT_WORKER_MODEL=bloom: a Bloom layout instead."""
+LIMIT_WORKER_MODEL=bloom or qwen3: that layout instead."""
 import json
 import os
 import sys
@@ -39,6 +39,12 @@ def main():
     if os.environ.get("LIMIT_WORKER_MODEL") == "bloom":  # ALiBi: scores over every pair kept
         cfg = transformers.BloomConfig(hidden_size=256, n_layer=4, n_head=4, vocab_size=vocab)
         model = transformers.BloomForCausalLM(cfg)
+    elif os.environ.get("LIMIT_WORKER_MODEL") == "qwen3":  # grouped-query attention, RoPE
+        cfg = transformers.Qwen3Config(hidden_size=256, intermediate_size=1024,
+                                       num_hidden_layers=4, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=64, vocab_size=vocab,
+                                       max_position_embeddings=4096)
+        model = transformers.Qwen3ForCausalLM(cfg)
     else:
         cfg = transformers.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=vocab,
                                       n_positions=2048, attn_implementation="eager")

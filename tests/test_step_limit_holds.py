@@ -85,6 +85,18 @@ def test_one_long_sample_whose_attention_keeps_its_scores_stays_under_the_limit(
                            f"{limit / MiB:.0f} MiB", events)
 
 
+def test_a_new_longest_batch_is_probed_within_the_limit():
+    """A batch longer than any before is probed again, after steps that left the process's
+    allocators holding pages: each probe's peak counts from what the probes before it left,
+    and the floor is what is live once what they kept free is given back (a Qwen3's 8 x 512
+    after 8 x 384 took its probes 17-28 MiB past this limit)."""
+    events, seen = run_loop(296, ["8x384", "8x512", "8x512"], vocab=8000, model="qwen3")
+    limit = events[0]["limit"]
+    assert [e["event"] for e in events] == ["start", "step", "step", "step", "done"], events
+    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
+                           f"{limit / MiB:.0f} MiB", events)
+
+
 def test_a_limit_below_one_sample_is_refused_before_the_process_crosses_it():
     events, seen = run_loop(8, ["8x256"])
     limit = events[0]["limit"]

@@ -101,6 +101,37 @@ def test_no_probe_follows_one_that_went_past_the_room(monkeypatch):
     assert limit_plan.smallest(profile) >= FIXED + PER_SAMPLE - 1
 
 
+def test_what_the_probes_before_left_live_counts_against_the_room(monkeypatch):
+    """Each probe's peak is measured above what is live as it starts, which the probes before
+    it raise (lazy state, pages kept): the room is above what was live before the first, so
+    no probe is run whose peak, from there, would go past it."""
+    from actcodec.torch.limit import meter as meters
+
+    DRIFT = 30 * MiB  # what each probe leaves live
+
+    class Drifting(meters.ProcessMeter):
+        level = 0
+
+        def live(self):
+            return self.level
+
+    meter = Drifting()
+    tops = []
+    fake = fake_probe([])
+
+    def probe(*args, **kwargs):
+        out = fake(*args, **kwargs)
+        tops.append(meter.level + out.peak)  # where it peaked, above the first's start
+        meter.level += DRIFT
+        return out
+
+    monkeypatch.setattr(step_profile, "probe", probe)
+    room = 105 * MiB  # two samples (60 MiB) fit from the start, not after two probes
+    step_profile.measure(lambda n: None, torch.nn.Linear(4, 4), [], 16, ("plain",),
+                         split=True, spill_dir=None, room=room, meter=meter)
+    assert len(tops) >= 2 and max(tops) <= room
+
+
 def fake_block_probe(calls, grads):
     """Two blocks saving BLOCK a sample each; a plain probe peaks FIXED + (2 BLOCK + 2 MiB) a
     sample, one that recomputes both `grads` + (BLOCK + 2 MiB) a sample: a fixed part of its

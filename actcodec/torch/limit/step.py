@@ -350,7 +350,12 @@ class Step:
                     fixed_bytes=self._loss_buffers(batch, limit), meter=meter)
                 self._planning.add(key, measured)
                 seconds["profile"] = time.perf_counter() - t0
-                floor = self._floor(meter)  # the probes' lazy state (libraries, heap)
+                # the probes' lazy state (libraries, caches) stays; what the allocators
+                # kept free of theirs goes back first, or the floor would count it, and
+                # the peaks measured from it would judge the plan by less than it holds
+                meter.give_back()
+                meter.trim()
+                floor = self._floor(meter)
             last = self.plan
             plan = self._plan_for(size, key, limit, floor)
             if lowered or plan != last:  # give back the pages a larger plan or probes kept

@@ -230,6 +230,16 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     context that holds nothing on the device (paged out; on CUDA, offloaded: OFF_DEVICE)."""
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    meter = meter if meter is not None else meters.ProcessMeter()
+    start = meter.live()
+
+    def fits(peak: float) -> bool:
+        # whether a probe peaking `peak` above what is live as it starts stays in the room,
+        # which is above what was live before the first: what the probes before it left
+        # (lazy state, pages the store or the heap keeps that live() counts as in use) is
+        # held as it runs
+        return room is None or max(0, meter.live() - start) + peak <= room
+
     least = 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
                      for m in model.modules()) else 1
     k = min(batch, least if split else max(least, batch // 8))
@@ -260,24 +270,26 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         probe(run_loss, params, k if twice else max(1, k // 4), meter=meter, peak_only=True)
         one = probe(run_loss, params, k, fresh=not twice, meter=meter)  # as the later ones
         two = one
-        if room is not None and one.peak > room:
+        if not fits(one.peak):
             # k samples already went past the room: no plan of whole samples fits, and every
             # further probe would go past it again (a process under a cgroup or a phone's
             # memory killer does not survive that), so the profile is what one size says
             beyond = True
-        elif batch >= 2 * k and (room is None or 2 * one.peak - fixed_guess <= room):
+        elif batch >= 2 * k and fits(2 * one.peak - fixed_guess):
             two = counted(2 * k)
         elif batch >= 2 * k and k // 2 >= least:
             # 2k samples would not fit: k/2 and k instead (one size alone would count what
             # does not grow with the batch as growing, and the fixed part as nothing)
             k //= 2
             one = counted(k)
+        if not beyond and not fits(one.peak):
+            beyond = True  # what the probes left leaves no room for another of k samples
         lean = None
         if every and not beyond:  # every block recomputed: how much of a cut in what is
             lean = counted(k, every, peak_only=True, moments=not twice)  # held the peak sees
         lean_two = None  # what recomputing every block holds per sample, from a second size
-        if slopes and every and not beyond and two.samples > k and (
-                room is None or 2 * lean.peak - min(lean.peak, one.peak) <= room):
+        if slopes and every and not beyond and two.samples > k and fits(
+                2 * lean.peak - min(lean.peak, one.peak)):
             lean_two = counted(two.samples, every, peak_only=True, moments=not twice)
         # along a sequence, a third length below the two: whether the lean peak grows faster
         # than its line (scores over every pair of positions, where attention keeps them)
