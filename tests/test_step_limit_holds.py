@@ -97,6 +97,18 @@ def test_a_new_longest_batch_is_probed_within_the_limit():
                            f"{limit / MiB:.0f} MiB", events)
 
 
+def test_a_batch_twice_as_long_as_any_before_is_probed_in_rungs_within_the_limit():
+    """Samples twice as long as any measured: the profile so far, scaled up as the square of
+    the length, does not let one of them be probed in this room (a Qwen3's 4 x 512 after
+    8 x 256 was refused unprobed, naming 892 MiB, where a fresh Step meets 739), so it is
+    probed cut shorter first; every step then runs within the limit."""
+    events, seen = run_loop(296, ["4x128", "8x256", "4x512"], vocab=8000, model="qwen3")
+    limit = events[0]["limit"]
+    assert [e["event"] for e in events] == ["start", "step", "step", "step", "done"], events
+    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
+                           f"{limit / MiB:.0f} MiB", events)
+
+
 def test_a_limit_below_one_sample_is_refused_before_the_process_crosses_it():
     events, seen = run_loop(8, ["8x256"])
     limit = events[0]["limit"]

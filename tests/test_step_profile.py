@@ -132,6 +132,30 @@ def test_what_the_probes_before_left_live_counts_against_the_room(monkeypatch):
     assert len(tops) >= 2 and max(tops) <= room
 
 
+def test_two_samples_are_predicted_from_the_first_run_of_one(monkeypatch):
+    """A probe run twice peaks higher on its first run (its layout first fit): the first
+    run of two samples is predicted from one sample's first run, not its second, and is not
+    run where that would go past the room."""
+    peaks = []
+
+    def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
+              peak_only=False, moments=False):
+        out = step_profile.Probe(samples, recompute)
+        first = peak_only and not recompute and storage is None  # the warm-up run
+        out.peak = (60 if first else 40) * MiB * samples
+        out.saved = {None: 10 * MiB * samples}
+        out.seconds = 0.01 * samples
+        if not recompute and storage is None:
+            peaks.append((samples, out.peak))
+        return out
+
+    monkeypatch.setattr(step_profile, "probe", probe)
+    room = 100 * MiB  # two samples at the second run's 40 MiB each fit; at the first's 60 not
+    step_profile.measure(lambda n: None, torch.nn.Linear(4, 4), [], 16, ("plain",),
+                         split=True, spill_dir=None, room=room)
+    assert all(samples == 1 for samples, _ in peaks), peaks
+
+
 def fake_block_probe(calls, grads):
     """Two blocks saving BLOCK a sample each; a plain probe peaks FIXED + (2 BLOCK + 2 MiB) a
     sample, one that recomputes both `grads` + (BLOCK + 2 MiB) a sample: a fixed part of its

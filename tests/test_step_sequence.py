@@ -113,3 +113,20 @@ def test_what_counts_as_one_long_sample():
     cut = shape.first_tokens({"input_ids": ids, "labels": ids, "n": torch.tensor(3)}, 100, 25)
     assert cut["input_ids"].shape == (1, 25) and cut["labels"].shape == (1, 25)
     assert cut["n"].shape == ()
+
+
+def test_a_batch_of_sequences_is_cut_along_its_tokens():
+    """token_length: the length of any batch of token sequences (what a new longest batch's
+    shorter probes cut, Step._probe_shorter); first_tokens with `size` cuts every (size, T)
+    tensor, nothing else."""
+    ids = torch.zeros(4, 100, dtype=torch.long)
+    batch = {"input_ids": ids, "attention_mask": torch.ones(4, 100), "labels": ids,
+             "scale": torch.ones(3, 100)}
+    assert shape.token_length(batch, 4) == 100
+    assert shape.token_length({"input_ids": ids, "x": torch.zeros(4, 7, 2)}, 4) is None
+    assert shape.token_length(torch.zeros(4, 3, 32, 32), 4) is None  # an image batch
+    cut = shape.first_tokens(batch, 100, 30, size=4)
+    assert [tuple(cut[k].shape) for k in ("input_ids", "attention_mask", "labels")] == \
+        [(4, 30)] * 3
+    assert cut["scale"].shape == (3, 100)  # not of the batch: as it was
+    assert shape.units_per_sample(cut, 4) == 90

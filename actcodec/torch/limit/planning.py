@@ -96,11 +96,21 @@ class Planning:
         unit, units = shape
         if any(kind == unit and u >= units for kind, u in self.profiles):
             return False
+        return self.probe_fits(shape, room)
+
+    def probe_fits(self, shape: tuple, room: float) -> bool:
+        """Whether the largest probe at this shape is predicted to fit in `room` by the
+        profile measured so far (scaled up: an upper bound); True before any of its unit."""
+        unit, units = shape
         known = self.at(shape)
         if known is None:
             return True
         probe = dataclasses.replace(known, batch=1 if unit == "sample" else int(units) // 2)
         return limit_plan.predict(probe, 1, (), limit_plan.PLAIN).peak <= available(room)
+
+    def largest(self, unit: str) -> float | None:
+        """The largest shape of this unit measured so far (None before one)."""
+        return max((u for kind, u in self.profiles if kind == unit), default=None)
 
     def plan(self, size: int, shape: tuple, split: bool, room: float, last):
         """The plan for a batch of `size` samples of this shape (a token shape: one sample

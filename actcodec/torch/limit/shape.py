@@ -26,28 +26,34 @@ def units_per_sample(batch, size: int) -> float:
 MIN_TOKENS = 64
 
 
-def sequence_length(batch, size: int) -> int | None:
-    """The sequence length of a batch of one sample of tokens: the second dimension shared by
-    every tensor of shape (1, T, ...) in it (token ids, masks, labels), where one of them
-    holds integers (token ids or labels: a sequence, not an image's rows) and T is at least
-    MIN_TOKENS; None for a larger batch, a batch without such tensors, or tensors that
-    disagree (then no tensor can be cut along the sequence safely)."""
-    if size != 1:
-        return None
-    shaped = [t for t in _tensors(batch) if t.dim() >= 2 and t.shape[0] == 1]
+def token_length(batch, size: int) -> int | None:
+    """The sequence length of a batch of token sequences: the second dimension shared by
+    every tensor of shape (size, T, ...) in it (token ids, masks, labels), where one of them
+    holds integers (token ids or labels: a sequence, not an image's rows); None for a batch
+    without such tensors, or tensors that disagree (then no tensor can be cut along the
+    sequence safely)."""
+    shaped = [t for t in _tensors(batch) if t.dim() >= 2 and t.shape[0] == size]
     lengths = {t.shape[1] for t in shaped}
     if len(lengths) != 1 or not any(not t.is_floating_point() and not t.is_complex() and
                                     t.dtype != torch.bool and t.dim() == 2 for t in shaped):
         return None
     (length,) = lengths
-    return length if length >= MIN_TOKENS else None
+    return length
 
 
-def first_tokens(batch, length: int, n: int):
-    """The batch with every (1, length, ...) tensor cut to its first `n` positions (a
-    shorter sample of the same text: what a probe along the sequence runs)."""
+def sequence_length(batch, size: int) -> int | None:
+    """The sequence length of a batch of one sample of tokens (token_length) where it is at
+    least MIN_TOKENS; None for a larger batch, or one that is not such a sequence."""
+    length = token_length(batch, size) if size == 1 else None
+    return length if length is not None and length >= MIN_TOKENS else None
+
+
+def first_tokens(batch, length: int, n: int, size: int = 1):
+    """The batch with every (size, length, ...) tensor cut to its first `n` positions (shorter
+    samples of the same text: what a probe along the sequence, or of a length not reached
+    yet, runs)."""
     def cut(v):
-        if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[0] == 1 and \
+        if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[0] == size and \
                 v.shape[1] == length:
             return v[:, :n]
         return v

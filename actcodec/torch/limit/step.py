@@ -62,6 +62,9 @@ LOSSY_BITS = (8, 4, 2)
 # (docs/CHUNKED_LOSS.md), and on a GPU each chunk's kernels must be long enough to hide
 # their launches.
 STEP_CHUNK_LOGITS_BYTES, STEP_CHUNK_LIMIT_SHARE = 16 << 20, 1 / 128
+# A batch of sequences longer than any measured, whose probe the profile so far does not
+# let run, is first profiled cut shorter, at most this many times (Step._probe_shorter).
+SHORTER_RUNGS = 3
 
 
 class MemoryLimitError(MemoryError):
@@ -327,35 +330,16 @@ class Step:
             ("sample", shape.units_per_sample(batch, size))
         with meter.peak() as before:  # the probes' peak: the limit holds for them too
             floor = self._floor(meter)
-            if limit is not None and not self.frozen and self._planning.needs_probes(
-                    key, limit - floor):
-                self._refuse_without_room(limit, floor)  # before a probe takes it over
-                t0 = time.perf_counter()
+            if limit is not None and not self.frozen:
+                t0, probed = time.perf_counter(), False
                 if tokens is None:
-                    run, count, split, first = (
-                        lambda n: self._loss(mb.take(batch, size, 0, n), loss_fn)[0],
-                        size, self._split(), None)
-                else:  # one sample along its tokens: probes on its first n
-                    run, count, split, first = (
-                        lambda n: self._loss(shape.first_tokens(batch, tokens, n),
-                                             loss_fn)[0], tokens, False, tokens // 4)
-                cuda = isinstance(meter, meters.CudaMeter)
-                measured = step_profile.measure(
-                    run, self.model, self.blocks, count,
-                    _storages(self.bits, self.exact, cuda),
-                    split, self.spill_dir, room=planning.available(limit - floor),
-                    paged=self._context("offload" if cuda else "paged"), bits=self.bits,
-                    budgeted=None if self.exact or cuda else self._context("budget"),
-                    lossless=self._context("lossless"), first=first,
-                    fixed_bytes=self._loss_buffers(batch, limit), meter=meter)
-                self._planning.add(key, measured)
-                seconds["profile"] = time.perf_counter() - t0
-                # the probes' lazy state (libraries, caches) stays; what the allocators
-                # kept free of theirs goes back first, or the floor would count it, and
-                # the peaks measured from it would judge the plan by less than it holds
-                meter.give_back()
-                meter.trim()
-                floor = self._floor(meter)
+                    floor, probed = self._probe_shorter(batch, size, key, loss_fn, limit, floor,
+                                                        meter)
+                if self._planning.needs_probes(key, limit - floor):
+                    floor, probed = self._probe(batch, size, key, tokens, loss_fn, limit, floor,
+                                                meter), True
+                if probed:
+                    seconds["profile"] = time.perf_counter() - t0
             last = self.plan
             plan = self._plan_for(size, key, limit, floor)
             if lowered or plan != last:  # give back the pages a larger plan or probes kept
@@ -373,6 +357,67 @@ class Step:
             else:
                 _room_for_the_optimizer(meter, self.optimizer, limit)
         return loss
+
+    def _probe(self, batch, size, key, tokens, loss_fn, limit, floor, meter) -> int:
+        """Profiles the model at this batch's shape (step_profile.measure) within the limit;
+        returns the floor after it."""
+        self._refuse_without_room(limit, floor)  # before a probe takes it over
+        if tokens is None:
+            run, count, split, first = (
+                lambda n: self._loss(mb.take(batch, size, 0, n), loss_fn)[0],
+                size, self._split(), None)
+        else:  # one sample along its tokens: probes on its first n
+            run, count, split, first = (
+                lambda n: self._loss(shape.first_tokens(batch, tokens, n), loss_fn)[0],
+                tokens, False, tokens // 4)
+        cuda = isinstance(meter, meters.CudaMeter)
+        measured = step_profile.measure(
+            run, self.model, self.blocks, count, _storages(self.bits, self.exact, cuda),
+            split, self.spill_dir, room=planning.available(limit - floor),
+            paged=self._context("offload" if cuda else "paged"), bits=self.bits,
+            budgeted=None if self.exact or cuda else self._context("budget"),
+            lossless=self._context("lossless"), first=first,
+            fixed_bytes=self._loss_buffers(batch, limit), meter=meter)
+        self._planning.add(key, measured)
+        # the probes' lazy state (libraries, caches) stays; what the allocators kept free of
+        # theirs goes back first, or the floor would count it, and the peaks measured from it
+        # would judge the plan by less than it holds
+        meter.give_back()
+        meter.trim()
+        return self._floor(meter)
+
+    def _probe_shorter(self, batch, size, key, loss_fn, limit, floor, meter) -> tuple:
+        """A batch of token sequences longer than any measured, whose probe the profile so
+        far does not let run (scaled up as the square of the length: an upper bound) is
+        first profiled on its own samples cut shorter: each rung as long as that bound lets
+        its probe run, so that the next bound starts from a measured length nearer the
+        batch's (at most SHORTER_RUNGS rungs, each at most a factor of two shorter than the
+        batch, a factor of sqrt(2) apart). Only a dict batch under the default loss, which
+        takes any length (a loss_fn of the user's may not). Returns (the floor after, whether
+        a rung ran)."""
+        length = shape.token_length(batch, size)
+        known = self._planning.largest("sample")
+        if length is None or known is None or key[1] <= known or \
+                self.loss_fn is not mb.default_loss or not isinstance(batch, Mapping):
+            return floor, False
+        probed = False
+        for _ in range(SHORTER_RUNGS):
+            if self._planning.probe_fits(key, limit - floor):
+                break
+            rung = None
+            for j in range(1, 3):
+                cut = shape.first_tokens(batch, length, int(length * 2 ** (-j / 2)), size)
+                cut_key = ("sample", shape.units_per_sample(cut, size))
+                if cut_key[1] <= self._planning.largest("sample"):
+                    break
+                if self._planning.probe_fits(cut_key, limit - floor):
+                    rung = cut, cut_key
+                    break
+            if rung is None:
+                break
+            floor, probed = self._probe(rung[0], size, rung[1], None, loss_fn, limit, floor,
+                                        meter), True
+        return floor, probed
 
     def _meter(self, strict: bool):
         """The meter of where the model is now (a model may move between steps). strict: a

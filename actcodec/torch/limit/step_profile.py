@@ -267,15 +267,19 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
 
     try:
         # lazy state warms up (its size does not matter: along a sequence, a short one)
-        probe(run_loss, params, k if twice else max(1, k // 4), meter=meter, peak_only=True)
+        warm = probe(run_loss, params, k if twice else max(1, k // 4), meter=meter,
+                     peak_only=True)
         one = probe(run_loss, params, k, fresh=not twice, meter=meter)  # as the later ones
         two = one
+        # a probe run twice peaks higher on its first run (its layout first fit, before the
+        # store learns its lifetimes): the first run of the next size is predicted from it
+        first_peak = max(one.peak, warm.peak) if warm.samples == k else one.peak
         if not fits(one.peak):
             # k samples already went past the room: no plan of whole samples fits, and every
             # further probe would go past it again (a process under a cgroup or a phone's
             # memory killer does not survive that), so the profile is what one size says
             beyond = True
-        elif batch >= 2 * k and fits(2 * one.peak - fixed_guess):
+        elif batch >= 2 * k and fits(2 * first_peak - fixed_guess):
             two = counted(2 * k)
         elif batch >= 2 * k and k // 2 >= least:
             # 2k samples would not fit: k/2 and k instead (one size alone would count what
