@@ -59,15 +59,20 @@ def run_loop(room_mib: int, shapes: list, vocab: int = 1024, model: str = "gpt2"
     return events, peak[0]
 
 
+def assert_within(events, seen: int) -> None:
+    """The largest RSS seen from outside is within the limit the worker set."""
+    limit = events[0]["limit"]
+    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
+                           f"{limit / MiB:.0f} MiB", events)
+
+
 def test_batches_that_grow_and_shrink_stay_under_the_limit():
     shapes = ["4x64", "4x64", "12x192", "2x32", "16x256", "8x128", "16x256"]
     events, seen = run_loop(200, shapes)
-    limit = events[0]["limit"]
     steps = [e for e in events if e["event"] == "step"]
     refused = [e for e in events if e["event"] == "refused"]
     assert events[-1]["event"] == "done"
-    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
-                           f"{limit / MiB:.0f} MiB", events)
+    assert_within(events, seen)
     # a larger batch than the probes saw is planned, not refused, where plans fit (plain
     # training of 12 x 192 tokens peaks ~340 MiB above the floor: this room needs a plan)
     assert [e["step"] for e in steps][:3] == [0, 1, 2], events
@@ -79,10 +84,8 @@ def test_one_long_sample_whose_attention_keeps_its_scores_stays_under_the_limit(
     grows faster than a line through the probes at a quarter and a half of the sequence
     (at this room a plan predicted from that line went 37-77 MiB over the limit)."""
     events, seen = run_loop(380, ["1x2048", "1x2048"], vocab=8000, model="bloom")
-    limit = events[0]["limit"]
     assert {e["event"] for e in events[1:-1]} <= {"step", "refused"}, events
-    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
-                           f"{limit / MiB:.0f} MiB", events)
+    assert_within(events, seen)
 
 
 def test_a_new_longest_batch_is_probed_within_the_limit():
@@ -91,10 +94,8 @@ def test_a_new_longest_batch_is_probed_within_the_limit():
     and the floor is what is live once what they kept free is given back (a Qwen3's 8 x 512
     after 8 x 384 took its probes 17-28 MiB past this limit)."""
     events, seen = run_loop(296, ["8x384", "8x512", "8x512"], vocab=8000, model="qwen3")
-    limit = events[0]["limit"]
     assert [e["event"] for e in events] == ["start", "step", "step", "step", "done"], events
-    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
-                           f"{limit / MiB:.0f} MiB", events)
+    assert_within(events, seen)
 
 
 def test_a_batch_twice_as_long_as_any_before_is_probed_in_rungs_within_the_limit():
@@ -103,10 +104,8 @@ def test_a_batch_twice_as_long_as_any_before_is_probed_in_rungs_within_the_limit
     8 x 256 was refused unprobed, naming 892 MiB, where a fresh Step meets 739), so it is
     probed cut shorter first; every step then runs within the limit."""
     events, seen = run_loop(296, ["4x128", "8x256", "4x512"], vocab=8000, model="qwen3")
-    limit = events[0]["limit"]
     assert [e["event"] for e in events] == ["start", "step", "step", "step", "done"], events
-    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
-                           f"{limit / MiB:.0f} MiB", events)
+    assert_within(events, seen)
 
 
 def test_a_limit_below_one_sample_is_refused_before_the_process_crosses_it():
@@ -187,8 +186,6 @@ def test_one_long_sample_runs_under_a_limit_its_plain_step_would_cross():
     chunked, blocks recomputed), every step stays under a room of 200 MiB, the first and its
     probes included; a shorter sample after it is planned from the same profile."""
     events, seen = run_loop(200, ["1x1024", "1x1024", "1x512"], vocab=8192)
-    limit = events[0]["limit"]
     steps = [e for e in events if e["event"] == "step"]
     assert [e["step"] for e in steps] == [0, 1, 2], events
-    assert seen <= limit, (f"the process reached {seen / MiB:.0f} MiB, over its limit of "
-                           f"{limit / MiB:.0f} MiB", events)
+    assert_within(events, seen)
