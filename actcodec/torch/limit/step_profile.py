@@ -273,7 +273,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         two = one
         # a probe run twice peaks higher on its first run (its layout first fit, before the
         # store learns its lifetimes): the first run of the next size is predicted from it
-        first_peak = max(one.peak, warm.peak) if warm.samples == k else one.peak
+        first_peak = max(one.peak, warm.peak) if twice else one.peak
         if not fits(one.peak):
             # k samples already went past the room: no plan of whole samples fits, and every
             # further probe would go past it again (a process under a cgroup or a phone's
