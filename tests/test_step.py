@@ -290,6 +290,99 @@ def test_repeated_blocks_are_found_in_the_module_tree():
     assert blocks.find(nn.Linear(2, 2)) == []
 
 
+class EncoderDecoder(nn.Module):
+    """Two stacks of layers of two classes, each stack a module holding its ModuleList (as
+    T5's, BART's and Whisper's are): the layers, not the stacks nor the lists, are blocks."""
+
+    class Cross(Block):
+        def __init__(self, width):
+            super().__init__(width)
+            self.mix = nn.Linear(2 * width, width)
+
+        def forward(self, x, memory):
+            return super().forward(self.mix(torch.cat([x, memory], dim=-1)))
+
+    class Stack(nn.Module):
+        def __init__(self, layers):
+            super().__init__()
+            self.layers, self.norm = nn.ModuleList(layers), nn.LayerNorm(layers[0].up.in_features)
+
+    def __init__(self, width=16, depth=2):
+        super().__init__()
+        self.encoder = self.Stack([Block(width) for _ in range(depth)])
+        self.decoder = self.Stack([self.Cross(width) for _ in range(depth)])
+        self.stem, self.head = nn.Linear(8, width), nn.Linear(width, 1)
+
+    def forward(self, x):
+        memory = self.stem(x)
+        for layer in self.encoder.layers:
+            memory = layer(memory)
+        memory = self.encoder.norm(memory)
+        h = memory
+        for layer in self.decoder.layers:
+            h = layer(h, memory)
+        return self.head(self.decoder.norm(h)).squeeze(-1)
+
+
+def test_an_encoders_and_a_decoders_layers_are_blocks_and_recompute_exactly():
+    torch.manual_seed(0)
+    m = EncoderDecoder()
+    found = blocks.find(m)
+    assert found == [*m.encoder.layers, *m.decoder.layers]
+    batch = data()
+    want = [g.clone() for g in torch.autograd.grad(mse(m, batch), list(m.parameters()))]
+    with act.Step(m, loss_fn=mse, plan={"micro_batches": 1, "recompute": [0, 1, 2, 3]}) as step:
+        step(batch)
+    assert all(torch.equal(p.grad, w) for p, w in zip(m.parameters(), want))
+
+
+def test_a_module_list_is_never_a_block_and_finer_lists_need_half_the_parameters():
+    """A ModuleList is never called (a hook on it never runs): two of them are not blocks.
+    Stages whose layers the class rule finds finer keep those layers; a layer list that
+    holds less than half the parameters of the class rule's blocks does not replace them."""
+    class Lists(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.ModuleList([Block(8), Block(8)])
+            self.b = nn.ModuleList([EncoderDecoder.Cross(8), EncoderDecoder.Cross(8)])
+
+    m = Lists()
+    assert blocks.find(m) == [*m.a, *m.b]
+    nested = nn.ModuleList([m.a, m.b])  # lists of lists: the lists' layers
+    assert blocks.find(nn.Sequential(nested)) == [*m.a, *m.b]
+
+    class Stages(nn.Module):  # a ResNet's: stages of layers in Sequentials
+        def __init__(self):
+            super().__init__()
+            self.stages = nn.ModuleList(nn.Sequential(Block(8), Block(8)) for _ in range(2))
+
+    m = Stages()
+    assert blocks.find(m) == [layer for stage in m.stages for layer in stage]
+
+    class Heads(nn.Module):  # two large blocks by attribute, a list of two small heads
+        def __init__(self):
+            super().__init__()
+            self.one, self.two = Block(64), Block(64)
+            self.heads = nn.ModuleList(nn.Sequential(nn.Linear(64, 2)) for _ in range(3))
+
+    m = Heads()
+    assert blocks.find(m) == [m.one, m.two]
+
+
+def test_transformers_encoder_decoder_layers_are_blocks():
+    tf = pytest.importorskip("transformers")
+    bart = tf.BartForConditionalGeneration(tf.BartConfig(
+        d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_layers=2,
+        decoder_layers=3, encoder_attention_heads=2, decoder_attention_heads=2,
+        vocab_size=64, max_position_embeddings=32))
+    assert [type(b).__name__ for b in blocks.find(bart)] == \
+        ["BartEncoderLayer"] * 2 + ["BartDecoderLayer"] * 3
+    t5 = tf.T5ForConditionalGeneration(tf.T5Config(
+        d_model=16, d_ff=32, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=2,
+        vocab_size=64, decoder_start_token_id=0, pad_token_id=0))
+    assert [type(b).__name__ for b in blocks.find(t5)] == ["T5Block"] * 4
+
+
 def test_transformers_blocks_and_a_dict_batch():
     tf = pytest.importorskip("transformers")
     torch.manual_seed(0)

@@ -5,7 +5,12 @@ forward again there.
 
 The blocks are the instances of the module class that covers the most parameters with at
 least two instances, none inside another, among classes that have submodules of their own
-(a transformer's layers, a ResNet's residual blocks); more instances break a tie. Which
+and are called (a ModuleList or ModuleDict never is: a hook on one never runs); more
+instances break a tie (a transformer's layers, a ResNet's residual blocks). Where the
+model's layer lists give more blocks holding at least half those parameters, they are
+those instead: the children of its ModuleLists and Sequentials that repeat a class within
+one of them and have submodules of their own, the outermost (an encoder's layers and a
+decoder's, of two classes, rather than the two stacks that hold them). Which
 blocks recompute, and what a block reports while it runs, is per context (`running`), so a
 model used outside a step, or in another thread, runs as it is.
 
@@ -29,11 +34,47 @@ from torch.utils.checkpoint import _checkpoint_without_reentrant_generator
 _PLAN: contextvars.ContextVar = contextvars.ContextVar("actcodec_recompute", default=None)
 
 
+# Containers a model never calls (no forward of their own): never a block.
+NOT_CALLED = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
 def find(model: torch.nn.Module) -> list:
     """The model's repeated blocks, in the order they are registered (possibly none)."""
+    listed, by_class = _listed(model), _by_class(model)
+    finer = len(listed) > len(by_class) and 2 * _parameters(listed) >= _parameters(by_class)
+    return listed if finer else by_class
+
+
+def _outermost(model: torch.nn.Module, candidates: list) -> list:
+    """The candidates not inside another, in the model's registration order."""
+    ids = {id(m) for m in candidates}
+    inside = {id(m) for c in candidates for m in c.modules() if m is not c}
+    return [m for m in model.modules() if id(m) in ids and id(m) not in inside]
+
+
+def _listed(model: torch.nn.Module) -> list:
+    """The children of the model's ModuleLists and Sequentials that repeat a class within
+    their list and have submodules of their own, the outermost."""
+    found = []
+    for container in model.modules():
+        if not isinstance(container, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = [c for c in container.children() if not isinstance(c, NOT_CALLED)
+                    and any(True for _ in c.children())]
+        counts: dict = {}
+        for c in children:
+            counts[type(c)] = counts.get(type(c), 0) + 1
+        found += [c for c in children if counts[type(c)] >= 2 and c is not model]
+    return _outermost(model, found)
+
+
+def _by_class(model: torch.nn.Module) -> list:
+    """The instances of the called class with submodules that covers the most parameters with
+    at least two instances, none inside another; more instances break a tie."""
     by_class: dict = {}
     for module in model.modules():
-        if module is not model and any(True for _ in module.children()):
+        if module is not model and not isinstance(module, NOT_CALLED) and \
+                any(True for _ in module.children()):
             by_class.setdefault(type(module), []).append(module)
     best, best_key = [], (0, 0)
     for instances in by_class.values():
@@ -44,6 +85,12 @@ def find(model: torch.nn.Module) -> list:
         if key > best_key:
             best, best_key = instances, key
     return best
+
+
+def _parameters(modules: list) -> int:
+    """Elements of the distinct parameters the modules hold."""
+    seen = {id(p): p.numel() for m in modules for p in m.parameters()}
+    return sum(seen.values())
 
 
 class Running:
