@@ -23,6 +23,7 @@ weights, and loses them when a Step attaches to it. `Attachment.release` removes
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
@@ -61,9 +62,7 @@ def _listed(model: torch.nn.Module) -> list:
             continue
         children = [c for c in container.children() if not isinstance(c, NOT_CALLED)
                     and any(True for _ in c.children())]
-        counts: dict = {}
-        for c in children:
-            counts[type(c)] = counts.get(type(c), 0) + 1
+        counts = collections.Counter(type(c) for c in children)
         found += [c for c in children if counts[type(c)] >= 2 and c is not model]
     return _outermost(model, found)
 
