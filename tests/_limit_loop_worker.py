@@ -5,7 +5,7 @@ samples this process's RSS from outside and compares it with the limit.
 
 argv: room_mib (the limit is the floor after setup plus this), then the batches as
 samples x tokens (e.g. 4x64 4x64 12x192 2x32). LIMIT_WORKER_VOCAB: the vocabulary (1024);
-LIMIT_WORKER_MODEL=bloom or qwen3: that layout instead."""
+LIMIT_WORKER_MODEL=bloom, qwen3 or llama_lora (LoRA adapters, peft): that layout instead."""
 import json
 import os
 import sys
@@ -45,11 +45,19 @@ def main():
                                        num_key_value_heads=2, head_dim=64, vocab_size=vocab,
                                        max_position_embeddings=4096)
         model = transformers.Qwen3ForCausalLM(cfg)
+    elif os.environ.get("LIMIT_WORKER_MODEL") == "llama_lora":  # LoRA (peft) on a Llama
+        import peft
+        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=688,
+                                       num_hidden_layers=4, num_attention_heads=4,
+                                       num_key_value_heads=4, vocab_size=vocab,
+                                       max_position_embeddings=4096)
+        model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg), peft.LoraConfig(
+            r=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM"))
     else:
         cfg = transformers.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=vocab,
                                       n_positions=2048, attn_implementation="eager")
         model = transformers.GPT2LMHeadModel(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     batches = [batch(n, t, cfg.vocab_size, i) for i, (n, t) in enumerate(shapes)]
     limit = resident.live() + room * (1 << 20)
     say(event="start", limit=limit)

@@ -13,7 +13,9 @@ the batch gives them), ignore index -100 (or the batch's `ignore_index`), and
 `logit_scale` multiplies the logits (Cohere), `logits_scaling` divides them (Granite),
 `final_logit_softcapping` caps them (Gemma 2 and 3).
 
-What it covers is checked, not assumed: the model is a transformers PreTrainedModel whose
+What it covers is checked, not assumed: the model is a transformers PreTrainedModel (or a PEFT
+model of adapters on one, LoRA and the like: its forward runs, on the base model's decoder and
+head; wrapped.py) whose
 forward takes `logits_to_keep` and computes its loss with transformers' ForCausalLMLoss, its
 output embeddings are a Linear layer, its decoder runs once, and the logits the model
 computed for the kept position equal the head above applied to the kept hidden states (so a
@@ -30,6 +32,7 @@ import torch
 
 from .chunked_loss import IGNORE_INDEX, chunked_cross_entropy
 from .loss_weights import shifts_labels
+from . import wrapped
 
 LOSS_KEYS = ("labels", "shift_labels", "num_items_in_batch", "ignore_index")  # not the model's
 
@@ -46,10 +49,10 @@ def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> to
     if batch.get("labels") is None:
         raise ValueError("causal_lm_loss: the batch has no 'labels' (model(**batch).loss "
                          "would be None)")
-    _check_covered(model)
-    head = model.get_output_embeddings()
-    decoder = _decoder(model)
-    scale, softcap = _head_transform(model.config)
+    base = _check_covered(model)
+    head = base.get_output_embeddings()
+    decoder = _decoder(base)
+    scale, softcap = _head_transform(base.config)
 
     inputs = {k: v for k, v in batch.items() if k not in LOSS_KEYS}
     captured = []
@@ -87,14 +90,27 @@ def covers(model) -> bool:
     return True
 
 
+def head(model) -> torch.nn.Module:
+    """The output embeddings the loss runs in chunks."""
+    return _base(model).get_output_embeddings()
+
+
+def _base(model):
+    """The model whose decoder and head the loss uses: the model, or a PEFT model's base (a
+    DistributedDataParallel is not unwrapped: not covered)."""
+    return wrapped.inner(model) if wrapped.adapters_only(model) else model
+
+
 def _check_covered(model):
+    """The model's _base, once what the loss covers is checked."""
     name = type(model).__name__
+    model = _base(model)
     transformers = sys.modules.get("transformers")  # not imported: not one of its models
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"causal_lm_loss: {name} is not a transformers PreTrainedModel (a "
-                         f"wrapped one, DistributedDataParallel or PEFT, is not covered either); "
-                         f"for a head of your own, use chunked_cross_entropy(hidden, weight, "
-                         f"labels, ...)")
+                         f"wrapped one, DistributedDataParallel or a PEFT model of prompt "
+                         f"learning, is not covered either); for a head of your own, use "
+                         f"chunked_cross_entropy(hidden, weight, labels, ...)")
     if "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
         raise ValueError(f"causal_lm_loss: {name}.forward takes no logits_to_keep, so it would "
                          f"compute the full logits; not covered")
@@ -105,7 +121,9 @@ def _check_covered(model):
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
         raise ValueError(f"causal_lm_loss: {name}'s output embeddings are "
-                         f"{type(head).__name__}, not a torch.nn.Linear; not covered")
+                         f"{type(head).__name__}, not a torch.nn.Linear (an adapter on the "
+                         f"head is not covered); not covered")
+    return model
 
 
 def _decoder(model):

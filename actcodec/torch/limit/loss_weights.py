@@ -17,6 +17,8 @@ from collections.abc import Mapping
 
 import torch
 
+from . import wrapped
+
 IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy skip
 
 
@@ -108,8 +110,9 @@ def shifts_labels(model) -> bool:
     """Whether the model's loss is transformers' causal-LM loss, which shifts the labels by
     one: the function its forward calls as `self.loss_function` (chosen by the class's
     `loss_type`; a model without one, such as GPT2LMHeadModel, gets the causal-LM loss), on a
-    model that is not an encoder-decoder (those give the decoder its labels unshifted)."""
-    model = getattr(model, "module", model)  # DistributedDataParallel, DataParallel
+    model that is not an encoder-decoder (those give the decoder its labels unshifted). A
+    wrapper's (DistributedDataParallel, a PEFT adapter: wrapped.inner) is its model's."""
+    model = wrapped.inner(model)
     transformers = sys.modules.get("transformers")
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         return False

@@ -44,7 +44,7 @@ from . import causal_lm, chunked_loss
 from . import limit_plan
 from . import loss_weights, meter as meters, mini_sequence
 from . import micro_batches as mb
-from . import optimizer_cap, optimizer_state, planning, shape, step_profile
+from . import optimizer_cap, optimizer_state, planning, shape, step_profile, wrapped
 from ..budget import spill as spills
 from ..budget.budget import parse_bytes
 from ..save import offload
@@ -124,7 +124,8 @@ class Step:
     allocator: whether a step under a limit may install actcodec's torch allocator (process
     wide, from then on; see actcodec.torch.save.allocator): with limit=None nothing is
     installed, whatever the plan; False never installs it; chunk_loss: under a limit, the
-    default loss of a transformers causal LM (a dict batch with labels) runs its head and
+    default loss of a transformers causal LM (or PEFT adapters on one; a dict batch with
+    labels) runs its head and
     cross-entropy in chunks of tokens (act.causal_lm_loss: the same loss and gradients up to
     summation order, without the tokens x vocabulary logits); False: model(**b).loss always.
 
@@ -469,7 +470,7 @@ class Step:
                 not isinstance(batch, Mapping) or batch.get("labels") is None or \
                 not causal_lm.covers(self.model):
             return None
-        vocab = self.model.get_output_embeddings().out_features
+        vocab = causal_lm.head(self.model).out_features
         logits = min(max(STEP_CHUNK_LOGITS_BYTES, int(limit * STEP_CHUNK_LIMIT_SHARE)),
                      chunked_loss.CHUNK_LOGITS_BYTES)
         return chunked_loss.default_chunk_tokens(vocab, logits)
@@ -480,7 +481,7 @@ class Step:
         chunk = self._chunk_tokens(batch, limit)
         if chunk is None:
             return 0
-        return 2 * 4 * chunk * self.model.get_output_embeddings().out_features
+        return 2 * 4 * chunk * causal_lm.head(self.model).out_features
 
     def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn, meter,
                     counted=None):
@@ -707,11 +708,12 @@ def _no_cache(model, batch):
     """A dict batch for a model whose forward takes `use_cache` (transformers' language
     models) runs with use_cache=False unless it says otherwise: training needs no cache, and
     a block recomputed in backward would append its keys to the cache a second time (as
-    transformers does under gradient checkpointing)."""
+    transformers does under gradient checkpointing). A wrapper's forward (DistributedDataParallel,
+    a PEFT adapter) takes what its model's takes (wrapped.inner)."""
     if not isinstance(batch, Mapping) or "use_cache" in batch:
         return batch
     try:
-        takes = "use_cache" in inspect.signature(model.forward).parameters
+        takes = "use_cache" in inspect.signature(wrapped.inner(model).forward).parameters
     except (TypeError, ValueError):
         return batch
     return {**batch, "use_cache": False} if takes else batch  # (a BatchEncoding: a dict)

@@ -1,0 +1,41 @@
+"""The model behind the wrappers people train through, where the wrapper hands it the batch as
+it is: DistributedDataParallel and DataParallel (their `.module`), and a PEFT model whose
+adapters change layers only (LoRA, IA3, LoHa, ...: `get_base_model()`, the transformers model
+with the adapters in its layers). What the batch's labels mean, whether the forward takes
+`use_cache`, and which head computes the logits are the inner model's.
+
+A PEFT model of prompt learning (prompt, prefix or P-tuning) is not unwrapped: it adds virtual
+tokens, and labels or a cache of its own, to what reaches the inner model. peft is not
+imported here: a PEFT model exists only where peft was imported already."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def inner(model):
+    """The innermost model that receives the batch as given (see the module doc); `model`
+    itself where it wraps none."""
+    while True:
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel,
+                              torch.nn.DataParallel)):
+            model = model.module
+        elif adapters_only(model):
+            model = model.get_base_model()
+        else:
+            return model
+
+
+def is_peft(model) -> bool:
+    """Whether `model` is a PEFT model (peft.PeftModel or one of its task classes)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, getattr(peft, "PeftModel", ()))
+
+
+def adapters_only(model) -> bool:
+    """Whether `model` is a PEFT model whose active adapter changes layers only (not prompt
+    learning), so that its forward passes the batch to its base model as given."""
+    if not is_peft(model):
+        return False
+    return not model.active_peft_config.is_prompt_learning
