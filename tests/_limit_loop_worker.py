@@ -5,7 +5,8 @@ samples this process's RSS from outside and compares it with the limit.
 
 argv: room_mib (the limit is the floor after setup plus this), then the batches as
 samples x tokens (e.g. 4x64 4x64 12x192 2x32). LIMIT_WORKER_VOCAB: the vocabulary (1024);
-LIMIT_WORKER_MODEL=bloom, qwen3 or llama_lora (LoRA adapters, peft): that layout instead."""
+LIMIT_WORKER_MODEL=bloom, qwen3 or llama_lora (LoRA adapters, peft; LIMIT_WORKER_LAYERS of
+them, 4 by default): that layout instead."""
 import json
 import os
 import sys
@@ -47,8 +48,9 @@ def main():
         model = transformers.Qwen3ForCausalLM(cfg)
     elif os.environ.get("LIMIT_WORKER_MODEL") == "llama_lora":  # LoRA (peft) on a Llama
         import peft
+        layers = int(os.environ.get("LIMIT_WORKER_LAYERS", "4"))
         cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=688,
-                                       num_hidden_layers=4, num_attention_heads=4,
+                                       num_hidden_layers=layers, num_attention_heads=4,
                                        num_key_value_heads=4, vocab_size=vocab,
                                        max_position_embeddings=4096)
         model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg), peft.LoraConfig(

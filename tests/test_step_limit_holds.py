@@ -33,13 +33,15 @@ def rss_of(pid: int) -> int:
     return 0
 
 
-def run_loop(room_mib: int, shapes: list, vocab: int = 1024, model: str = "gpt2") -> tuple:
+def run_loop(room_mib: int, shapes: list, vocab: int = 1024, model: str = "gpt2",
+             layers: int = 4) -> tuple:
     """The worker's events, and the largest RSS the parent saw after the limit was set."""
     proc = subprocess.Popen([sys.executable, str(WORKER), str(room_mib), *shapes],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TRANSFORMERS_VERBOSITY": "error",
                                  "LIMIT_WORKER_VOCAB": str(vocab),
-                                 "LIMIT_WORKER_MODEL": model})
+                                 "LIMIT_WORKER_MODEL": model,
+                                 "LIMIT_WORKER_LAYERS": str(layers)})
     events, started, peak = [], threading.Event(), [0]
 
     def read():
@@ -201,3 +203,20 @@ def test_one_long_sample_of_a_lora_model_runs_under_a_limit_its_plain_step_would
     events, seen = run_loop(200, ["1x2048", "1x2048"], vocab=32000, model="llama_lora")
     assert [e["event"] for e in events] == ["start", "step", "step", "done"], events
     assert_within(events, seen)
+
+
+def test_a_long_sample_whose_first_quarter_would_not_fit_is_probed_shorter():
+    """12 LoRA-adapted layers, batch 1 x 2048 tokens, 32k vocabulary: recomputing every block
+    steps within this room, where a probe of the sample's first quarter without recomputation
+    does not fit (~215 MiB and more). The probes start shorter where the warm-up's line says
+    so, or halve after one goes past the room; before, the quarter ran regardless: the
+    process went 50 MiB past the limit, and the refusal, from that one size, named ~2 GiB.
+    This room is near the smallest a fresh Step meets (the first step, its probes included,
+    peaks 150-170 MiB above the floor): a step runs, or the refusal names a limit near it."""
+    pytest.importorskip("peft")
+    events, seen = run_loop(215, ["1x2048", "1x2048"], vocab=32000, model="llama_lora",
+                            layers=12)
+    assert_within(events, seen)
+    assert {e["event"] for e in events[1:-1]} <= {"step", "refused"}, events
+    limit = events[0]["limit"]
+    assert all(e["needed"] <= 1.2 * limit for e in events if e["event"] == "refused"), events

@@ -221,7 +221,8 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
 
     Along a sequence (one sample planned by its tokens), `batch` is its tokens, `run_loss(n)`
     runs its first n, and `first` is a quarter of them: probes of a quarter and a half of
-    the sequence, so that its per-token costs come from two lengths. There each probe runs
+    the sequence (of an eighth and a quarter, or shorter still, where a quarter would not fit
+    in the room), so that its per-token costs come from two lengths. There each probe runs
     once after one warm-up, and the paged probes only where recomputing every block would
     not fit by the lean probe (else paging is not offered): the first step, probes
     included, takes about three plain steps. `fixed_bytes`: what a probe there holds beside
@@ -269,16 +270,33 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         # lazy state warms up (its size does not matter: along a sequence, a short one)
         warm = probe(run_loss, params, k if twice else max(1, k // 4), meter=meter,
                      peak_only=True)
+        if not twice:
+            # along a sequence, the first probe is a quarter of it, or shorter where the
+            # warm-up's line says a quarter would not fit in the room (halved, not below the
+            # warm-up's length): the line counts the warm-up's lazy state as growing with the
+            # tokens, an upper bound where the peak grows as a line
+            while k // 2 >= warm.samples and not fits(_along(warm, fixed_guess, k)):
+                k //= 2
         one = probe(run_loss, params, k, fresh=not twice, meter=meter)  # as the later ones
         two = one
         # a probe run twice peaks higher on its first run (its layout first fit, before the
         # store learns its lifetimes): the first run of the next size is predicted from it
         first_peak = max(one.peak, warm.peak) if twice else one.peak
+        halved = not twice and not fits(one.peak) and k // 2 >= warm.samples
+        if halved:
+            # along a sequence, k tokens went past the room all the same (grown faster than
+            # the line): what they measured stands as the larger size, and half as many are
+            # probed for the smaller, rather than one size alone (which counts what does not
+            # grow as growing: a smallest limit twice what the step needs)
+            two, k = one, k // 2
+            one = counted(k)
         if not fits(one.peak):
             # k samples already went past the room: no plan of whole samples fits, and every
             # further probe would go past it again (a process under a cgroup or a phone's
             # memory killer does not survive that), so the profile is what one size says
             beyond = True
+        elif halved:
+            pass  # two sizes measured
         elif batch >= 2 * k and fits(2 * first_peak - fixed_guess):
             two = counted(2 * k)
         elif batch >= 2 * k and k // 2 >= least:
@@ -437,6 +455,12 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                               storages=tuple(made), split=split, effect=effect,
                               least=least, grads=grads, flat=flat,
                               chunk_floor=(meter or meters.ProcessMeter).heap_below)
+
+
+def _along(p: Probe, fixed: float, tokens: int) -> float:
+    """Along a sequence, the peak at `tokens` by the line through what does not grow with
+    them (`fixed`) and the probe's peak at its own tokens."""
+    return fixed + max(0.0, p.peak - fixed) * tokens / p.samples
 
 
 def _curve(low: Probe, mid: Probe, high: Probe, size: int) -> float:
