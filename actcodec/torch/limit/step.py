@@ -589,7 +589,9 @@ class Step:
     def smallest_limit(self) -> int | None:
         """The smallest limit the next step would accept, from the process's floor now (the
         optimizer's state included, once it exists) and what the steps so far measured; None
-        before the first step under a limit has profiled the model."""
+        before the first step under a limit has profiled the model. It is this Step's: a new
+        Step's first step probes the model again, and its probes may need more than the
+        plan they choose (the first step's `stats.peak` counts its probes)."""
         # planned for the model's training mode now (batch norm training: one micro-batch)
         floor = self._floor(self._meter(strict=False))
         needed = self._planning.needed(floor, split=self._split())
