@@ -20,6 +20,7 @@ cdef extern from "actcodec.h" nogil:
     void ac_store_reset_peak(ac_store *s)
     void ac_store_restart_peak(ac_store *s)
     void ac_store_forget_plan(ac_store *s)
+    size_t ac_store_give_back_free(ac_store *s)
 
 
 cdef class Store:
@@ -66,6 +67,11 @@ cdef class Store:
     def reset_peak(self):
         """A step ends: give back the free pages beyond what its peak needed."""
         ac_store_reset_peak(self.s)
+
+    def give_back_free(self):
+        """Every free page goes back to the system, those below live blocks too (a reset
+        keeps them); they stay usable. Returns the bytes given back."""
+        return ac_store_give_back_free(self.s)
 
     def restart_peak(self):
         """peak_used_bytes from now on: the pages in use now, and nothing else changes."""

@@ -174,6 +174,11 @@ void ac_store_stats(ac_store *s, ac_store_usage *out);
 /* Ends a step (a period): plans the next from it, gives back the pages neither the plan nor a
  * live block needs, and starts a new peak at the current use. */
 void ac_store_reset_peak(ac_store *s);
+/* Gives back every free page, those below live blocks too (a reset gives back only the pages
+ * above what the plan and the live blocks need), keeping them usable: a block that reaches
+ * one later faults it in again. Returns the bytes given back (0 where the system has no way
+ * to give pages back in place: Windows). */
+size_t ac_store_give_back_free(ac_store *s);
 /* peak_used_bytes starts again from used_bytes (a moment's peak), nothing else changes */
 void ac_store_restart_peak(ac_store *s);
 /* Ends a period without a plan for the next and without giving pages back: the next period's

@@ -42,6 +42,9 @@ typedef struct {
     size_t high;           /* the highest block end since the last reset */
     uint32_t *head, *tail; /* boundary tags: length (| FREE_BIT) at a run's first/last page */
     uint32_t *owner;       /* at a block's first page: 1 + its index in the period's uses */
+    unsigned char *dropped; /* per page below touched: a free page given back in place
+                              (ac_store_give_back_free), not resident until a block takes it */
+    size_t ndropped;       /* pages marked in dropped */
 } region;
 
 /* A period runs from one reset to the next (a training step). The store records where and
@@ -143,10 +146,13 @@ ac_store *ac_store_new(size_t reserve_bytes) {
     return s;
 }
 
+/* Bytes of a region's bookkeeping: three tags and a dropped mark per page. */
+static size_t tag_bytes(size_t npages) { return 3 * npages * sizeof(uint32_t) + npages; }
+
 static void drop_region(ac_store *s, size_t i) {
     region *g = &s->regs[i];
     unreserve(g->base, g->npages * PAGE);
-    unreserve(g->head, 3 * g->npages * sizeof(uint32_t));
+    unreserve(g->head, tag_bytes(g->npages));
     s->touched_pages -= g->touched;
     memmove(g, g + 1, (s->nregs - i - 1) * sizeof *g); /* keep the order: first fit by age */
     s->nregs--;
@@ -174,18 +180,19 @@ static long add_region(ac_store *s, size_t pages) {
     }
     size_t n = pages > s->reserve_pages ? pages : s->reserve_pages;
     for (;;) {
-        region g = {reserve(n * PAGE, 1), n, 0, 0, 0, NULL, NULL, NULL};
+        region g = {reserve(n * PAGE, 1), n, 0, 0, 0, NULL, NULL, NULL, NULL, 0};
         /* The tags are reserved too: only the pages holding tags in use become resident. */
-        uint32_t *tags = g.base ? reserve(3 * n * sizeof(uint32_t), 0) : NULL;
-        if (tags != NULL && commit(tags, 3 * n * sizeof(uint32_t)) == 0) {
+        uint32_t *tags = g.base ? reserve(tag_bytes(n), 0) : NULL;
+        if (tags != NULL && commit(tags, tag_bytes(n)) == 0) {
             g.head = tags;
             g.tail = tags + n;
             g.owner = tags + 2 * n;
+            g.dropped = (unsigned char *)(tags + 3 * n);
             set_run(&g, 0, n, 1);
             s->regs[s->nregs] = g;
             return (long)s->nregs++;
         }
-        if (tags) unreserve(tags, 3 * n * sizeof(uint32_t));
+        if (tags) unreserve(tags, tag_bytes(n));
         if (g.base) unreserve(g.base, n * PAGE);
         if (n / 2 < pages || n / 2 < MIN_RESERVE / PAGE) return -1;
         n /= 2;
@@ -218,8 +225,19 @@ static int is_free(const region *g, size_t at, size_t n, size_t *run) {
     return 0;
 }
 
+/* Pages [a, b) of g are no longer given back in place (a block takes them, or they leave the
+ * pages below touched). */
+static void undrop(region *g, size_t a, size_t b) {
+    for (size_t p = a; g->ndropped && p < b; p++)
+        if (g->dropped[p]) {
+            g->dropped[p] = 0;
+            g->ndropped--;
+        }
+}
+
 /* Takes pages [at, at + n) from the free run starting at `run`; 0 on success. */
 static int take(ac_store *s, region *g, size_t run, size_t at, size_t n) {
+    undrop(g, at, at + n < g->touched ? at + n : g->touched);
     if (at + n > g->touched) {
         if (commit(g->base + g->touched * PAGE, (at + n - g->touched) * PAGE) != 0) return -1;
         s->touched_pages += at + n - g->touched;
@@ -477,7 +495,9 @@ void ac_store_stats(ac_store *s, ac_store_usage *st) {
     size_t reserved = 0;
     for (size_t i = 0; i < s->nregs; i++) reserved += s->regs[i].npages;
     st->reserved_bytes = reserved * PAGE;
-    st->mapped_bytes = s->touched_pages * PAGE;
+    size_t dropped = 0;
+    for (size_t i = 0; i < s->nregs; i++) dropped += s->regs[i].ndropped;
+    st->mapped_bytes = (s->touched_pages - dropped) * PAGE;
     st->used_bytes = s->used_pages * PAGE;
     st->peak_used_bytes = s->peak_pages * PAGE;
     st->blocks = s->blocks;
@@ -532,6 +552,7 @@ static void trim(ac_store *s) {
         size_t need = i == 0 && s->nplan ? s->plan_top : g->high;
         size_t keep = need > live_end ? need : live_end;
         if (keep < g->touched) {
+            undrop(g, keep, g->touched);
             decommit(g->base + keep * PAGE, (g->touched - keep) * PAGE);
             s->touched_pages -= g->touched - keep;
             g->touched = keep;
@@ -562,6 +583,32 @@ void ac_store_forget_plan(ac_store *s) {
     if (s->nregs) new_period(s);
     s->peak_pages = s->used_pages;
     unlock(s);
+}
+
+size_t ac_store_give_back_free(ac_store *s) {
+    if (s == NULL) return 0;
+    size_t gone = 0;
+    lock(s);
+#if !defined(_WIN32)
+    for (size_t i = 0; i < s->nregs; i++) {
+        region *g = &s->regs[i];
+        for (size_t a = 0; a < g->touched; a += run_len(g->head[a])) {
+            size_t end = a + run_len(g->head[a]);
+            if (!is_free_run(g->head[a])) continue;
+            if (end > g->touched) end = g->touched;
+            /* the pages stay usable: a block that takes them gets zero pages, faulted in */
+            madvise(g->base + a * PAGE, (end - a) * PAGE, MADV_DONTNEED);
+            for (size_t p = a; p < end; p++)
+                if (!g->dropped[p]) {
+                    g->dropped[p] = 1;
+                    g->ndropped++;
+                    gone++;
+                }
+        }
+    }
+#endif
+    unlock(s);
+    return gone * PAGE;
 }
 
 void ac_store_reset_peak(ac_store *s) {

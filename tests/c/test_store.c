@@ -447,9 +447,70 @@ static void thread_tests(void) {
     ac_store_delete(s);
 }
 
+/* Free pages below a live block: a reset keeps them (it gives back only what lies above the
+ * highest live block), ac_store_give_back_free gives them back in place; they stay usable. */
+static void give_back_free_tests(void) {
+    ac_store *s = ac_store_new(64u << 20);
+    unsigned char *low = ac_store_alloc(s, 8u << 20), *high = ac_store_alloc(s, 1u << 20);
+    memset(low, 1, 8u << 20);
+    memset(high, 2, 1u << 20);
+    ac_store_release(s, low);
+    ac_store_reset_peak(s);
+    ac_store_reset_peak(s);
+    ac_store_usage u = usage(s);
+    report(u.mapped_bytes == (9u << 20) && u.used_bytes == (1u << 20),
+           "resets keep the free pages below a live block (%zu mapped)", u.mapped_bytes);
+    size_t gone = ac_store_give_back_free(s);
+    u = usage(s);
+#if defined(_WIN32)
+    report(gone == 0 && u.mapped_bytes == (9u << 20), "nothing given back in place on Windows");
+#else
+    report(gone == (8u << 20) && u.mapped_bytes == (1u << 20) && u.used_bytes == (1u << 20),
+           "they are given back (%zu bytes; %zu mapped)", gone, u.mapped_bytes);
+    report(ac_store_give_back_free(s) == 0, "a second give back finds none");
+    int kept = 1;
+    for (size_t i = 0; i < (1u << 20); i += 997) kept &= high[i] == 2;
+    report(kept, "the live block above them is intact");
+#if defined(__linux__)
+    unsigned char pages[2048];
+    if (mincore(low, 8u << 20, pages) == 0) {
+        /* a transparent huge page may stay whole: count the pages of the 2 MiB below high */
+        int resident = 0;
+        for (int i = 0; i < 1536; i++) resident += pages[i] & 1;
+        report(resident == 0, "they are not resident (%d pages are)", resident);
+    } else {
+        printf("mincore: %s, residency not checked\n", strerror(errno));
+    }
+#endif
+#endif
+    /* taken again: usable, counted again, and the marks leave with the pages */
+    unsigned char *again = ac_store_alloc(s, 3u << 20);
+    report(again == low, "first fit takes them again");
+    memset(again, 3, 3u << 20);
+    u = usage(s);
+    report(u.mapped_bytes == (9u << 20) - (5u << 20) * (gone != 0) && u.used_bytes == (4u << 20),
+           "taken pages count as mapped again (%zu mapped)", u.mapped_bytes);
+    ac_store_release(s, again);
+    ac_store_release(s, high);
+    ac_store_reset_peak(s);
+    ac_store_reset_peak(s);
+    u = usage(s);
+    report(u.mapped_bytes == 0 && u.used_bytes == 0,
+           "a reset that gives back everything clears the marks too (%zu mapped)",
+           u.mapped_bytes);
+    unsigned char *fresh = ac_store_alloc(s, 9u << 20);
+    memset(fresh, 4, 9u << 20);
+    u = usage(s);
+    report(u.mapped_bytes == (9u << 20), "and the pages count once they are reached (%zu)",
+           u.mapped_bytes);
+    ac_store_release(s, fresh);
+    ac_store_delete(s);
+}
+
 int main(void) {
     basic_tests();
     reset_tests();
+    give_back_free_tests();
     plan_tests();
     planned_step_tests();
     forget_plan_tests();

@@ -81,9 +81,13 @@ class ProcessMeter:
         return resident.Peak()
 
     def give_back(self) -> None:
-        # the store keeps the pages of the step before for one period: two periods end
+        # the store keeps the pages of the step before for one period: two periods end; a
+        # period's end gives back only the pages above its highest live block, and the
+        # gradients, made late in backward, sit above what the step freed: those go too
         stores.new_step(None)
         stores.new_step(None)
+        for store in stores.made():
+            store.give_back_free()
 
     def trim(self) -> int:
         return resident.trim_heap()
