@@ -134,6 +134,29 @@ def running(state: Running):
         _PLAN.reset(token)
 
 
+def _top_pack():
+    """The pack function of the innermost saved-tensor hooks (None: none, or a torch that
+    does not say)."""
+    try:
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    return top[0] if top else None
+
+
+def in_foreign_checkpoint(ours=None) -> bool:
+    """Whether what runs now runs in the forward of a non-reentrant checkpoint the model
+    opened itself (transformers' gradient checkpointing, torch.utils.checkpoint in its own
+    code), not the region `ours` (the pack function a Step's region pushed). Its
+    recomputation in backward runs outside any step's context, with no plan: what runs in
+    it must run as it is (a position-wise child in chunks in forward and whole in the
+    recomputation saves another count of tensors, which torch refuses). A reentrant
+    checkpoint runs its forward without gradients, where no plan acts anyway."""
+    pack = _top_pack()
+    return pack is not None and pack is not ours and \
+        getattr(pack, "__qualname__", "").startswith("_checkpoint_hook.")
+
+
 class _Outside:
     """A context in which no plan is running: a recomputation in backward runs its block's
     forward as it is (no second checkpoint, nothing counted twice), its position-wise
@@ -221,17 +244,19 @@ class _Enter:
             state.clock.begin(i)
         if state.profile:
             state.inputs[i] = state.inputs.get(i, 0) + _tensor_bytes((*args, *kwargs.values()))
-        gen = None
-        if i in state.recompute and torch.is_grad_enabled():
+        gen = region = None
+        if i in state.recompute and torch.is_grad_enabled() and not in_foreign_checkpoint():
+            # (a block the model checkpoints itself is recomputed already: not twice)
             # backward runs the forward again (not __call__: hooks stay outside the region)
             gen = _checkpoint_without_reentrant_generator(
                 functools.partial(module.forward, **kwargs), True,
                 functools.partial(_contexts, state.chunks, state.moments, i), "default",
                 False, True, *args)
             next(gen)  # the region begins: saves are recomputed, not kept
+            region = _top_pack()
             if state.moments is not None:
                 _mark_end(state.moments, i, (*args, *kwargs.values()))
-        state.open.setdefault(i, []).append((gen, state.current, t0))
+        state.open.setdefault(i, []).append((gen, state.current, t0, region))
         state.current = i
         return None
 
@@ -248,7 +273,7 @@ class _Leave:
         opened = None if state is None else state.open.get(self.index)
         if not opened:  # not opened in this context (no plan, or a hook before ours failed)
             return None
-        gen, state.current, t0 = opened.pop()
+        gen, state.current, t0, _ = opened.pop()
         if gen is not None:
             # the region ends (after an exception too: the saved-tensor hooks it pushed
             # must come off, as torch's composable checkpoint does)

@@ -51,12 +51,24 @@ def position_wise(module: torch.nn.Module, x: torch.Tensor) -> bool:
         if not isinstance(whole, torch.Tensor) or whole.shape[:2] != x.shape[:2]:
             return False
         half = x.shape[1] // 2
-        parts = torch.cat([module.forward(x[:, :half]), module.forward(x[:, half:])], dim=1)
+        try:
+            parts = torch.cat([_forward(module, x[:, :half]), _forward(module, x[:, half:])],
+                              dim=1)
+        except (RuntimeError, ValueError, TypeError):  # a part it cannot take: not chunked
+            return False
         if parts.shape != whole.shape:
             return False
         scale = float(whole.abs().max()) if whole.numel() else 0.0
         return bool(torch.allclose(parts, whole, rtol=TOLERANCE,
                                    atol=TOLERANCE * max(scale, 1e-30)))
+
+
+def _forward(module: torch.nn.Module, piece: torch.Tensor) -> torch.Tensor:
+    """The child's forward on a piece of the sequence, made contiguous first: a slice along
+    the sequence of a batch of several samples is not, and layers that flatten their input
+    with `view` (GPT-2's Conv1D) refuse it. Inside the chunk's checkpoint, the copy is
+    recomputed in backward, never kept."""
+    return module.forward(piece.contiguous())
 
 
 class Attachment(blocks_mod.Attachment):
@@ -85,7 +97,8 @@ class _Enter:
         x = args[0] if len(args) == 1 and not kwargs else None
         chunks = 0 if not isinstance(x, torch.Tensor) or x.dim() != 3 else \
             min(state.chunks, x.shape[1])
-        if chunks == 0 or not (state.profile or chunks > 1) or not self._checked(module, x):
+        if chunks == 0 or not (state.profile or chunks > 1) or self._in_foreign(state) or \
+                not self._checked(module, x):
             state.local_open.append(None)
             return None
         if state.profile and state.sync is not None:
@@ -103,6 +116,11 @@ class _Enter:
             return (x[:, :0],), {}  # the whole runs in the forward hook, in chunks
         return None
 
+    def _in_foreign(self, state) -> bool:
+        """Whether this call runs in a checkpoint the model opened itself (never chunked:
+        its recomputation runs it whole), not in its block's region of the plan."""
+        opened = state.open.get(self.block)
+        return blocks_mod.in_foreign_checkpoint(opened[-1][3] if opened else None)
 
     def _checked(self, module, x) -> bool:
         if self.index not in self.attachment.checked:
@@ -128,7 +146,7 @@ class _Leave:
         out = None
         if kept is not None and isinstance(output, torch.Tensor):  # (not after an exception)
             x, chunks = kept
-            out = torch.cat([checkpoint(module.forward, piece, use_reentrant=False)
+            out = torch.cat([checkpoint(_forward, module, piece, use_reentrant=False)
                              for piece in x.tensor_split(chunks, dim=1)], dim=1)
         if state.profile:
             if state.sync is not None:
