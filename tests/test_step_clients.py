@@ -1,8 +1,9 @@
 """Step on models as users bring them, beyond the ones the planner was tuned on: transformers
 models with their own gradient checkpointing on, a model that checkpoints its own layers,
-GPT-2's Conv1D layers at batches of several samples. Each against plain PyTorch on the same
-batch."""
+torch.compile'd models, GPT-2's Conv1D layers at batches of several samples, and a loss_fn of
+the user's on padded labels. Each against plain PyTorch on the same batch."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -126,3 +127,48 @@ def test_gpt2s_mlp_in_chunks_at_a_batch_of_several_samples(plan):
     flattens its input with `view`: the check and the chunks failed with a RuntimeError."""
     model = gpt2()
     assert_plain(model, copy.deepcopy(model), padded(), plan)
+
+
+def test_a_compiled_model_runs_as_its_eager_module():
+    """torch.compile's module hid the model: no use_cache=False for it (a block recomputed
+    under an attention mask saw its keys twice: a shape error in backward)."""
+    model = llama()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model)
+    with pytest.warns(RuntimeWarning, match="eager module"):
+        step = act.Step(compiled, plan=EVERY)
+    assert step.model is model
+    step.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert_plain(model, reference, padded(), EVERY, exact=True, given=compiled)
+
+
+def test_a_loss_fn_on_padded_labels_is_warned_and_weighted_by_its_targets():
+    """A loss_fn's plain loss is weighted by samples; on labels padded unevenly that is not
+    the whole batch's gradient for a mean over targets: a warning says so, once, and
+    (loss, act.count_targets(...)) gives the whole batch's gradient."""
+    batch = padded()
+
+    def plain(m, b):
+        return m(**b).loss
+
+    model = llama()
+    with act.Step(model, plan=act.Plan(micro_batches=2), loss_fn=plain) as step:
+        with pytest.warns(RuntimeWarning, match="count_targets"):
+            step(batch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            step(batch)  # once per Step
+    assert act.count_targets(model, batch) == 2 + 39 + 16 + 39
+
+    def weighted(m, b):
+        return m(**b).loss, act.count_targets(m, b)
+
+    model = llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_plain(model, copy.deepcopy(model), batch, act.Plan(micro_batches=2),
+                     loss_fn=weighted)
+    with pytest.raises(ValueError, match="labels"):
+        act.count_targets(model, {"input_ids": batch["input_ids"]})

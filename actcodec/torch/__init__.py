@@ -27,6 +27,7 @@ from .limit.limit_plan import Plan
 from .limit.step import MemoryLimitError, Step
 from .limit.chunked_loss import chunked_cross_entropy
 from .limit.causal_lm import causal_lm_loss
+from .limit.loss_weights import count_targets
 from . import budget as _budget, codecs as _codecs, limit as _limit, save as _save
 
 # The modules' paths before the packages (actcodec.torch.step, ...), kept for one release.
@@ -40,5 +41,5 @@ del _package, _name, _module
 
 __all__ = ["Accounting", "CountSaved", "MemoryLimitError", "Packed", "Plan", "Policy", "Setting",
            "Step", "allocator", "causal_lm_loss", "chunked_cross_entropy", "compress_saved",
-           "convert", "count_saved", "decode", "encode", "offload_saved",
+           "convert", "count_saved", "count_targets", "decode", "encode", "offload_saved",
            "parse_bytes", "record", "unconvert"]

@@ -41,6 +41,20 @@ def shares(batch, size: int, ranges: list, default_loss: bool, counted=None) -> 
     return [(stop - start) / size for start, stop in ranges]
 
 
+def uneven(model, batch, size: int, ranges: list) -> bool:
+    """Whether weighing `ranges` by their samples gives them other shares than their
+    targets (per_sample_targets) would: labels padded with -100 unevenly across the
+    micro-batches (False where the targets are not known)."""
+    per_sample = per_sample_targets(model, batch, size)
+    if per_sample is None:
+        return False
+    per_sample = per_sample.tolist()
+    total = sum(per_sample)
+    return total > 0 and any(
+        abs(sum(per_sample[start:stop]) / total - (stop - start) / size) > 1e-6
+        for start, stop in ranges)
+
+
 def start_counting(model, batch, size: int, default_loss: bool):
     """The targets of each sample (per_sample_targets) on their way to the host, for shares:
     started before the step is planned, so that on a device the count is queued behind the
@@ -72,6 +86,19 @@ class OnTheWay:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+
+def count_targets(model, batch) -> int:
+    """How many targets `model`'s own loss of the dict `batch` averages over: its labels not
+    -100 (a transformers causal LM's after their shift by one; `shift_labels` as given),
+    every element of float labels. The weight a loss_fn returns with a mean over targets,
+    `(loss, count_targets(model, micro_batch))`, so that Step's micro-batches add up to the
+    whole batch's gradient. ValueError where the batch has no labels with a row per sample."""
+    n = targets(model, batch)
+    if n is None:
+        raise ValueError("count_targets needs a dict batch with a `labels` (or `shift_labels`) "
+                         "tensor of one row per sample")
+    return n
 
 
 def targets(model, batch, size: int | None = None, start: int = 0, stop: int | None = None):

@@ -110,7 +110,8 @@ class Step:
     """The training step under a limit (see the module doc).
 
     model: a torch module on the CPU or a CUDA device (when a limit is set; elsewhere a
-    ValueError at the first step); limit: bytes or a string such as "1GiB", "free" (what the
+    ValueError at the first step; a torch.compile'd one runs as its eager module, with a
+    RuntimeWarning); limit: bytes or a string such as "1GiB", "free" (what the
     device has at each step), None for plain training through the same API; loss_fn(model, micro_batch): the
     micro-batch's mean loss, or (loss, weight) (default for dict batches: model(**b).loss);
     bits: the fewest bits a lossy save may take (8, 4 or 2); exact: no lossy saves; spill_dir:
@@ -146,8 +147,9 @@ class Step:
     averages over. The default loss of a dict batch with `labels` by its targets (labels
     not -100, after a causal LM's shift by one), or, with `num_items_in_batch` in the batch
     (the loss then a sum over that count), not at all: the micro-batches add; a loss_fn's
-    plain loss by its samples, its (loss, weight) by the weight. A micro-batch without a
-    target adds nothing. An exception in a step leaves .grad as it was before it."""
+    plain loss by its samples (a RuntimeWarning where the labels count targets otherwise:
+    return (loss, act.count_targets(model, micro_batch))), its (loss, weight) by the weight.
+    A micro-batch without a target adds nothing. An exception in a step leaves .grad as it was before it."""
 
     def __init__(self, model: torch.nn.Module, limit=None, *, loss_fn=None, bits: int = 8,
                  exact: bool = False, spill_dir: str | None = None,
@@ -156,6 +158,14 @@ class Step:
                  chunk_loss: bool = True):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"Step needs a torch.nn.Module, got {type(model).__name__}")
+        if wrapped.compiled(model):
+            # the plan's hooks decide per step what each block does (recompute, chunks), in
+            # Python a compiled graph would not follow (its guards see none of it)
+            warnings.warn("Step runs a torch.compile'd model as its eager module "
+                          "(model._orig_mod): its plans change per step what each block "
+                          "does, which a compiled graph does not follow", RuntimeWarning,
+                          stacklevel=2)
+            model = model._orig_mod
         if bits not in LOSSY_BITS:
             raise ValueError(f"bits must be one of {LOSSY_BITS}, got {bits!r}")
         self.model, self.loss_fn = model, loss_fn if loss_fn is not None else mb.default_loss
@@ -192,6 +202,7 @@ class Step:
         self._running = 0  # steps running now (any thread): close() waits for none
         self._contexts: dict = {}
         self._period_samples = 0  # samples of the micro-batch run last (see _run)
+        self._weights_warned = False  # _check_weights warned already
         self._clocked = None  # (the device's clock of the last step, its plan): see _run
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
@@ -656,7 +667,12 @@ class Step:
                     stores.new_step(None)
                 self._period_samples = stop - start
             with blocks_mod.running(state), storage:
-                return self._loss(mb.take(batch, size, start, stop), loss_fn)
+                loss, weight = self._loss(mb.take(batch, size, start, stop), loss_fn)
+            if weight is None:
+                unweighted.append(start)
+            return loss, weight
+
+        unweighted = []
 
         t_all = time.perf_counter()
         try:
@@ -673,6 +689,8 @@ class Step:
         finally:
             with self._lock:
                 self._in_flight = self._planned = None
+        if unweighted and len(ranges) > 1 and self.loss_fn is not mb.default_loss:
+            self._check_weights(batch, size, ranges)
         seconds.update(forward=done.forward, backward=done.backward,
                        total=time.perf_counter() - t_all + seconds.get("profile", 0.0))
         # what the step itself added: above the floor as it is resident (the optimizer state
@@ -684,6 +702,22 @@ class Step:
         if not self.frozen:
             self._planning.learn(plan, measured)
         return done.loss
+
+    def _check_weights(self, batch, size: int, ranges: list) -> None:
+        """Warns, once, where a loss_fn's plain loss was weighted by samples while the
+        batch's labels are padded unevenly across the micro-batches: a mean over targets
+        (as transformers' and torch's cross entropy take it) then gets another gradient
+        than one forward of the whole batch."""
+        if self._weights_warned or not loss_weights.uneven(self.model, batch, size, ranges):
+            return
+        self._weights_warned = True
+        warnings.warn(
+            f"loss_fn returned a loss without a weight, so Step weighted its {len(ranges)} "
+            f"micro-batches by their samples, but this batch's labels hold their targets "
+            f"unevenly (padding of -100): for a loss that is a mean over targets the "
+            f"gradient is not the whole batch's. Return (loss, act.count_targets(model, "
+            f"micro_batch)) from loss_fn, or use the default loss (wrap the step in "
+            f"torch.autocast rather than the loss)", RuntimeWarning, stacklevel=4)
 
     def describe(self) -> str:
         """The current plan in words."""

@@ -1,7 +1,8 @@
 """The model behind the wrappers people train through, where the wrapper hands it the batch as
 it is: DistributedDataParallel and DataParallel (their `.module`), and a PEFT model whose
 adapters change layers only (LoRA, IA3, LoHa, ...: `get_base_model()`, the transformers model
-with the adapters in its layers). What the batch's labels mean, whether the forward takes
+with the adapters in its layers), and torch.compile's module (its `_orig_mod`). What the
+batch's labels mean, whether the forward takes
 `use_cache`, and which head computes the logits are the inner model's.
 
 A PEFT model of prompt learning (prompt, prefix or P-tuning) is not unwrapped: it adds virtual
@@ -23,8 +24,17 @@ def inner(model):
             model = model.module
         elif adapters_only(model):
             model = model.get_base_model()
+        elif compiled(model):
+            model = model._orig_mod
         else:
             return model
+
+
+def compiled(model) -> bool:
+    """Whether `model` is torch.compile's module around another (torch._dynamo's
+    OptimizedModule; not imported here, as importing it is slow)."""
+    return type(model).__name__ == "OptimizedModule" and \
+        isinstance(getattr(model, "_orig_mod", None), torch.nn.Module)
 
 
 def is_peft(model) -> bool:
