@@ -352,7 +352,7 @@ def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatc
     step = act.Step(small_model(), limit="4GiB", loss_fn=mse)
     x = torch.randn(8, 64)
     step(x)
-    plan = step.plan
+    plan, calibrated = step.plan, step._planning.measured.worst
 
     def out_of_memory(*args):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (stand-in)")
@@ -368,6 +368,12 @@ def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatc
                                 plan.chunks)
     floor = meters.ProcessMeter().live()
     assert step._planning.measured.peaks[key] > (4 << 30) - floor - (64 << 20)
+    # ... and nothing else: read as the model's error, a room of 4 GiB over a plan of a few
+    # MiB made every plan hundreds of times its model, and the next step was refused
+    assert step._planning.measured.worst == calibrated
+    monkeypatch.undo()
+    step(x)
+    assert step.plan != plan
 
 
 class FakeEvent:

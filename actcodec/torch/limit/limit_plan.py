@@ -312,10 +312,15 @@ class Measured:
         seen = max(self.worst.values(), default=0.0) - 1 + CALIBRATED_MARGIN
         return model * (1 + max(self.caution, seen))
 
-    def learn(self, key: tuple, measured: float, model: float) -> "Measured":
+    def learn(self, key: tuple, measured: float, model: float,
+              calibrate: bool = True) -> "Measured":
         """These measurements with one more: a plan of `key` whose model peak is `model`
-        peaked at `measured`."""
+        peaked at `measured` (`calibrate` False: a bound on this plan only, such as "more
+        than the room it had" where a device ran out, which says nothing of the model's
+        error on other plans)."""
         peaks = {**self.peaks, key: max(measured, self.peaks.get(key, 0))}
+        if not calibrate:
+            return Measured(peaks, self.caution, self.worst)
         kind = self.kind(key)
         worst = {**self.worst, kind: max(self.worst.get(kind, 0.0), measured / model)}
         return Measured(peaks, self.caution, worst)

@@ -165,9 +165,9 @@ class Planning:
             self.profiles[shape] = dataclasses.replace(
                 self.profiles[shape], blocks=learnt.blocks, seconds=learnt.seconds)
 
-    def learn(self, plan, measured: int) -> None:
+    def learn(self, plan, measured: int, calibrate: bool = True) -> None:
         """The measured peak (bytes above the floor) judges this plan from now on (its
-        largest), and calibrates how far plans not yet run trust the model."""
+        largest), and, with `calibrate`, how far plans not yet run trust the model."""
         profile = self.profile
         if profile is None or plan.peak <= 0:
             return
@@ -177,4 +177,4 @@ class Planning:
         model = limit_plan.predict(profile, plan.micro_batches, plan.recompute, storage,
                                    chunks=plan.chunks).peak
         if model > 0:
-            self.measured = self.measured.learn(key, measured, model)
+            self.measured = self.measured.learn(key, measured, model, calibrate)

@@ -312,8 +312,11 @@ class Step:
                 plan = self.plan
                 if plan is not None and self._planning.profile is not None:
                     # judged as peaking just past the room it had (more is not known): the
-                    # next step plans another
-                    self._planning.learn(plan, max(0, limit - self._floor(meter)) + 1)
+                    # next step plans another. Not a calibration: the device may have had
+                    # less than the limit (another process), and a room far above the
+                    # model's peak would read as the model erring on every plan that much
+                    self._planning.learn(plan, max(0, limit - self._floor(meter)) + 1,
+                                         calibrate=False)
                 needed = self.smallest_limit()
                 smallest = "" if needed is None else \
                     f"; the smallest limit a plan now fits is about {needed / MiB:.0f} MiB"
