@@ -146,3 +146,57 @@ def test_a_lora_step_under_a_limit_runs_the_chunked_loss():
         causal_lm.causal_lm_loss = saved
         step.close()
     assert calls
+
+
+def prompt_learning(config):
+    torch.manual_seed(0)
+    base = tf.LlamaForCausalLM(tf.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256))
+    return peft.get_peft_model(base, config)
+
+
+PROMPT_LEARNING = {
+    "prefix tuning": lambda: peft.PrefixTuningConfig(num_virtual_tokens=4,
+                                                     task_type="CAUSAL_LM"),
+    "prompt tuning": lambda: peft.PromptTuningConfig(num_virtual_tokens=4,
+                                                     task_type="CAUSAL_LM"),
+    "p-tuning": lambda: peft.PromptEncoderConfig(num_virtual_tokens=4, encoder_hidden_size=32,
+                                                 task_type="CAUSAL_LM"),
+}
+
+
+@pytest.mark.parametrize("kind", PROMPT_LEARNING)
+def test_prompt_learning_gives_plain_trainings_loss_and_gradients(kind):
+    """Prefix tuning hands the base model the labels as given: counted unshifted, a row of 2
+    targets counted 3 (the loss of 2 micro-batches moved by 1.2e-6 of itself). Prompt and
+    p-tuning prepend -100 labels, so their given labels all count; their forward took
+    `use_cache` on to the base model, but Step did not pass it (a block recomputed under an
+    attention mask met twice the keys: a shape error)."""
+    plans = [act.Plan(micro_batches=2)] + ([] if kind == "prefix tuning" else
+                                           [act.Plan(micro_batches=2, recompute=(0, 1, 2))])
+    for plan in plans:
+        model = prompt_learning(PROMPT_LEARNING[kind]())
+        reference = copy.deepcopy(model)
+        batch = padded()
+        expected = reference(**batch).loss
+        expected.backward()
+        with act.Step(model, plan=plan) as step:
+            loss = step(batch)
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-7, abs=0)
+        got, want = trained(model), trained(reference)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert cosine(got[name], want[name]) >= 0.99999, name
+
+
+def test_prefix_tuning_is_never_recomputed():
+    """Its prefix is a cache each attention call extends: a layer recomputed in backward would
+    extend it a second time (a shape error). Step finds no block to recompute."""
+    model = prompt_learning(PROMPT_LEARNING["prefix tuning"]())
+    assert loss_weights.per_sample_targets(model, padded(), 4).tolist() == [2, 39, 16, 39]
+    with pytest.raises(ValueError, match="prefix tuning"):
+        act.Step(model, plan=act.Plan(recompute=(0,)))
+    with act.Step(model, limit="free") as step:
+        assert step.blocks == []
+        step(padded())

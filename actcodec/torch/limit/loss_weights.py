@@ -138,8 +138,13 @@ def shifts_labels(model) -> bool:
     one: the function its forward calls as `self.loss_function` (chosen by the class's
     `loss_type`; a model without one, such as GPT2LMHeadModel, gets the causal-LM loss), on a
     model that is not an encoder-decoder (those give the decoder its labels unshifted). A
-    wrapper's (DistributedDataParallel, a PEFT adapter: wrapped.inner) is its model's."""
+    wrapper's (DistributedDataParallel, a PEFT adapter: wrapped.inner) is its model's. PEFT's
+    prefix tuning hands its base model the labels as given (the prefix is keys and values),
+    so the base model's shift counts; prompt and p-tuning prepend a -100 label per virtual
+    token, after which the shift drops one of those: every given label counts, unshifted."""
     model = wrapped.inner(model)
+    if wrapped.prompt_learning(model) == "PREFIX_TUNING":
+        model = model.get_base_model()
     transformers = sys.modules.get("transformers")
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         return False

@@ -186,7 +186,16 @@ class Step:
         optimizer_state.pending_bytes(optimizer)  # a clear error now for what is not one
         self._planning = planning.Planning(self.exact)  # profiles, measured peaks
         self.stats = StepStats()
-        self.blocks = blocks_mod.find(model)
+        # PEFT's prefix tuning hands every layer a cache holding the prefix, which each
+        # attention call extends: a layer recomputed in backward would extend it twice
+        prefix = wrapped.prompt_learning(model) == "PREFIX_TUNING"
+        self.blocks = [] if prefix else blocks_mod.find(model)
+        if self.plan is not None and any(i >= len(self.blocks) for i in self.plan.recompute):
+            raise ValueError(
+                f"the plan recomputes blocks {list(self.plan.recompute)}, but the model has "
+                f"{len(self.blocks)} repeated blocks to recompute" +
+                (" (PEFT prefix tuning: none, its prefix is a cache that a recomputed layer "
+                 "would extend twice)" if prefix else ""))
         # recomputation as removable hooks on the blocks (shared with another Step on the
         # same blocks); close(), or the Step's garbage collection, takes them off
         attachment = blocks_mod.attach(self.blocks)
@@ -748,11 +757,11 @@ def _no_cache(model, batch):
     models) runs with use_cache=False unless it says otherwise: training needs no cache, and
     a block recomputed in backward would append its keys to the cache a second time (as
     transformers does under gradient checkpointing). A wrapper's forward (DistributedDataParallel,
-    a PEFT adapter) takes what its model's takes (wrapped.inner)."""
+    a PEFT model) takes what its model's takes (wrapped.receiver)."""
     if not isinstance(batch, Mapping) or "use_cache" in batch:
         return batch
     try:
-        takes = "use_cache" in inspect.signature(wrapped.inner(model).forward).parameters
+        takes = "use_cache" in inspect.signature(wrapped.receiver(model).forward).parameters
     except (TypeError, ValueError):
         return batch
     return {**batch, "use_cache": False} if takes else batch  # (a BatchEncoding: a dict)

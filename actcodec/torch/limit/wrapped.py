@@ -37,6 +37,22 @@ def compiled(model) -> bool:
         isinstance(getattr(model, "_orig_mod", None), torch.nn.Module)
 
 
+def prompt_learning(model) -> str | None:
+    """The prompt-learning method of a PEFT model ("PREFIX_TUNING", "PROMPT_TUNING",
+    "P_TUNING", ...), None where `model` is not one."""
+    if not is_peft(model) or not model.active_peft_config.is_prompt_learning:
+        return None
+    kind = model.active_peft_config.peft_type
+    return str(getattr(kind, "value", kind))
+
+
+def receiver(model):
+    """The model whose forward takes the batch's keyword arguments (`use_cache`): inner(model),
+    or a prompt-learning PEFT model's base model, to which its forward passes them on."""
+    model = inner(model)
+    return model.get_base_model() if prompt_learning(model) else model
+
+
 def is_peft(model) -> bool:
     """Whether `model` is a PEFT model (peft.PeftModel or one of its task classes)."""
     peft = sys.modules.get("peft")
