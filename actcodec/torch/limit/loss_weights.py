@@ -133,6 +133,20 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     return counted.flatten(1).sum(1) if counted.dim() >= 2 else counted.to(torch.int64)
 
 
+def batch_level_term(model) -> str | None:
+    """What in the model's own loss is a statistic over the whole batch, which micro-batches
+    would each take over their part (so that they no longer add up to the batch's gradient),
+    or None: a transformers mixture of experts whose loss adds the router's load-balancing
+    loss (`output_router_logits` in its config, a nonzero `router_aux_loss_coef`): the
+    share of the batch's tokens each expert gets times its mean routing probability."""
+    config = getattr(wrapped.inner(model), "config", None)
+    if getattr(config, "output_router_logits", False) and \
+            getattr(config, "router_aux_loss_coef", 0):
+        return ("the model's loss adds its router's load-balancing loss, a statistic over the "
+                "whole batch (output_router_logits): it would be per micro-batch")
+    return None
+
+
 def shifts_labels(model) -> bool:
     """Whether the model's loss is transformers' causal-LM loss, which shifts the labels by
     one: the function its forward calls as `self.loss_function` (chosen by the class's

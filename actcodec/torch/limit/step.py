@@ -20,8 +20,10 @@ budget step runs lowers its budget at once, by how far it went below the limit t
 planned for; the stepping thread makes room at its next save (see `Step.limit`).
 
 Exact plans are preferred; with exact=True nothing lossy is used. Micro-batches are exact
-where no batch-norm layer trains (unless ghost_batchnorm=True), up to float summation order;
-dropout draws its masks per micro-batch.
+up to float summation order, and used only where no statistic over the batch would be
+taken per micro-batch: no batch-norm layer trains (unless ghost_batchnorm=True), no router
+load-balancing loss (a transformers mixture of experts given output_router_logits); dropout
+draws its masks per micro-batch.
 """
 from __future__ import annotations
 
@@ -530,10 +532,20 @@ class Step:
         return loss
 
     def _split(self) -> bool:
-        if self.ghost_batchnorm:
-            return True
-        return not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
-                       for m in self.model.modules())
+        return self._unsplit() is None
+
+    def _unsplit(self) -> str | None:
+        """Why micro-batches would not add up to the batch's gradient now (None: they do): a
+        statistic over the whole batch in the forward or the loss."""
+        aux = loss_weights.batch_level_term(self.model)
+        if aux is not None:
+            return aux
+        if not self.ghost_batchnorm and any(
+                isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+                for m in self.model.modules()):
+            return ("batch norm is in training mode: its statistics would be per micro-batch "
+                    "(pass ghost_batchnorm=True to accept that)")
+        return None
 
     def _floor(self, meter) -> int:
         """The floor the step plans from: what is live where the model is now, plus the state
@@ -595,13 +607,12 @@ class Step:
             "optimizer creates)")
 
     def _check_pinned(self, plan, size: int, limit, floor: int) -> None:
-        """A pinned plan's refusals before it runs: micro-batches where batch norm trains now
-        (without ghost_batchnorm), a limit the process is already above."""
-        if plan.micro_batches > 1 and size > 1 and not self._split():
-            raise ValueError(
-                f"the pinned plan has {plan.micro_batches} micro-batches, but batch norm is "
-                f"in training mode: its statistics would be per micro-batch. Pass "
-                f"ghost_batchnorm=True to accept that, or pin micro_batches=1")
+        """A pinned plan's refusals before it runs: micro-batches where they would not add up
+        (_unsplit), a limit the process is already above."""
+        why = self._unsplit()
+        if plan.micro_batches > 1 and size > 1 and why is not None:
+            raise ValueError(f"the pinned plan has {plan.micro_batches} micro-batches, but "
+                             f"{why}; pin micro_batches=1")
         if limit is not None and floor >= limit:
             raise MemoryLimitError(
                 f"the process holds {floor / MiB:.0f} MiB before the step, at or above the "
