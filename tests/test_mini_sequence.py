@@ -73,11 +73,11 @@ def test_chunks_give_the_plain_gradient_and_work_a_chunk_at_a_time(name, recompu
     got, ref = flat_grad(model), flat_grad(want)
     assert F.cosine_similarity(got, ref, dim=0) >= 0.99999
     assert (got - ref).norm() / ref.norm() < 1e-5
-    # the check of the child (whole and halves, once), then only chunks (and the empty
-    # sequence the child's own forward is handed): in forward, in the chunks'
-    # recomputation, and in a recomputed block's
-    chunk = TOKENS // 4
-    assert seen[:3] == [TOKENS, TOKENS // 2, TOKENS // 2], seen
+    # the check of the child (on its first tokens, whole and halves, once), then only
+    # chunks (and the empty sequence the child's own forward is handed): in forward, in the
+    # chunks' recomputation, and in a recomputed block's
+    chunk, checked = TOKENS // 4, mini_sequence.CHECK_TOKENS
+    assert seen[:3] == [checked, checked // 2, checked // 2], seen
     after_check = [n for n in seen[3:] if n]
     assert after_check and set(after_check) == {chunk}, seen
     # forward, then backward's recomputation of each chunk; a recomputed block's forward
