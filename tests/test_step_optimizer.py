@@ -82,6 +82,11 @@ def test_a_limit_the_optimizer_step_would_cross_is_refused():
     assert err.value.needed >= floor + grads + temporaries
     assert all(p.grad is None for p in model.parameters())
     assert step.smallest_limit() >= floor + grads + temporaries
+    # what it names is for another process too (its floor and probes differ a little): more
+    # than this Step's smallest, by planning.NAMED_BYTES at least
+    smallest = step.smallest_limit()
+    assert err.value.needed >= smallest + 4 * MiB - MiB  # (the floor moved since)
+    assert f"about {-(-err.value.needed // MiB)} MiB" in str(err.value)
     step.limit = err.value.needed + 64 * MiB
     step(batch)
     opt.step()

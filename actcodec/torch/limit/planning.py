@@ -23,6 +23,12 @@ SWITCH_GAIN = 1.10
 UNBOUNDED = 1 << 60  # a budget that holds everything (then every save stays exact)
 
 
+# What a refusal names is a limit a fresh Step accepts too, in another process: its floor
+# and its probes (sized to its own room) differ a little from this one's (named exactly,
+# a fresh Step at the named limit was refused, naming 1-3 MiB more, on small layouts).
+NAMED_SHARE, NAMED_BYTES = 0.02, 4 * MiB
+
+
 def available(room: float) -> float:
     """Bytes a plan may add above the floor, of `room` (limit - floor), margins kept."""
     return room * (1 - SAFETY) - SAFETY_BYTES
@@ -31,6 +37,11 @@ def available(room: float) -> float:
 def limit_for(least: float, floor: int) -> int:
     """The smallest limit under which a plan peaking `least` above `floor` is accepted."""
     return int(floor + (least + SAFETY_BYTES) / (1 - SAFETY)) + 1
+
+
+def to_name(limit: int, floor: int) -> int:
+    """The limit a refusal names for `limit`, the smallest this Step accepts from `floor`."""
+    return int(limit + max(NAMED_BYTES, NAMED_SHARE * (limit - floor)))
 
 
 def stay(plan, last, profile: limit_plan.Profile, room_left: float,

@@ -567,14 +567,14 @@ class Step:
         if plan is None:
             needed = self._planning.needed(floor)
             stepping = planning.limit_for(after, floor)
+            named = planning.to_name(max(needed, stepping), floor)
             what = (f"the smallest plan for a batch of {size} needs about "
-                    f"{-(-needed // MiB)} MiB in all" if needed >= stepping else
-                    f"the optimizer's step after it needs about {-(-stepping // MiB)} MiB in "
+                    f"{-(-named // MiB)} MiB in all" if needed >= stepping else
+                    f"the optimizer's step after it needs about {-(-named // MiB)} MiB in "
                     f"all (the gradients and its temporaries)")
             raise MemoryLimitError(
                 f"no plan fits a limit of {limit / MiB:.1f} MiB: {self._held(floor)}, and "
-                f"{what}; nothing was added to .grad{self._optimizer_hint()}",
-                max(needed, stepping))
+                f"{what}; nothing was added to .grad{self._optimizer_hint()}", named)
         self.plan = plan
         return plan
 
