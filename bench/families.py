@@ -272,9 +272,11 @@ def main(argv=None) -> int:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
                                 capture_output=True, text=True).stdout.strip()
         over = sum(x["over"] or 0 for c in cases for x in c["rows"])
+        command = "python bench/families.py" + \
+            ("" if not args.families else " --families " + " ".join(families))
         Path(out, "families.md").write_text(
             "# Step on transformers families the tests do not use\n\n"
-            f"`python bench/families.py` at {commit} (2 cores, one torch thread per run, "
+            f"`{command}` at {commit} (2 cores, one torch thread per run, "
             f"fresh processes, every step's peak RSS read from outside every millisecond, "
             f"the first step's probes and the optimizer's step included; MiB). Steps over "
             f"their limit: {over}. Floor: plain's RSS before its first step plus AdamW's "
