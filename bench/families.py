@@ -242,6 +242,8 @@ def table(cases: list) -> str:
                 peaks += "; ERROR"
             cosines = "" if not cos else (
                 "error" if "error" in cos else f"{cos['whole']:.7f} / {cos['worst']:.6f}")
+            if cos.get("plan") and cos["plan"] not in x["plans"]:  # its own process's plan
+                cosines += f" ({cos['plan']})"
             lines.append(
                 f"| {case['family'] if first else ''} | "
                 f"{'%d x %d' % tuple(case['shape']) if first else ''} | "
@@ -259,11 +261,15 @@ def main(argv=None) -> int:
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out")
+    parser.add_argument("--table", metavar="JSON", help="write the table of a run's JSON again")
     args = parser.parse_args(argv)
     size = "quick" if args.quick else "full"
     families = args.families or (["qwen2", "falcon"] if args.quick else list(FAMILIES))
-    cases = [run_case(f, shape, LAYERS[size], args.steps)
-             for f in families for shape in SHAPES[size]]
+    if args.table:
+        cases = json.loads(Path(args.table).read_text())
+    else:
+        cases = [run_case(f, shape, LAYERS[size], args.steps)
+                 for f in families for shape in SHAPES[size]]
     text = table(cases)
     print(text)
     out = args.out or (None if args.quick else str(HERE.parent / "docs" / "limits"))
