@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 tf = pytest.importorskip("transformers")
 
+import _padded  # noqa: E402
 import actcodec.torch as act  # noqa: E402
 
 VOCAB = 512
@@ -33,11 +34,8 @@ def gpt2(seed=0):
         embd_pdrop=0.0, attn_pdrop=0.0))
 
 
-def padded(lengths=(3, 40, 17, 40), width=40, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (len(lengths), width), generator=g)
-    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+def padded():
+    return _padded.padded(VOCAB)
 
 
 def trained(model):

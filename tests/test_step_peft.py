@@ -12,6 +12,7 @@ import torch.nn.functional as F
 peft = pytest.importorskip("peft")
 tf = pytest.importorskip("transformers")
 
+import _padded  # noqa: E402
 import actcodec.torch as act  # noqa: E402
 from actcodec.torch.limit import loss_weights, wrapped  # noqa: E402
 
@@ -33,13 +34,21 @@ def lora_llama(seed=0, target_modules=("q_proj", "v_proj", "down_proj")):
     return model
 
 
-def padded(lengths=(3, 40, 17, 40), width=40, seed=1):
-    """Right-padded rows with an attention mask, labels -100 where padded: the first row has
-    two targets after the shift, where counting its labels unshifted gives three."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (len(lengths), width), generator=g)
-    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+def padded():
+    """Right-padded rows: the first has two targets after the shift, where counting its
+    labels unshifted gives three."""
+    return _padded.padded(VOCAB)
+
+
+def stepped_and_plain(model, plan):
+    """(Step's loss, plain's loss, Step's gradients, plain's) on padded(), from one model."""
+    reference = copy.deepcopy(model)
+    batch = padded()
+    expected = reference(**batch).loss
+    expected.backward()
+    with act.Step(model, plan=plan) as step:
+        loss = step(batch)
+    return loss, expected, trained(model), trained(reference)
 
 
 def trained(model):
@@ -66,15 +75,8 @@ def test_a_lora_step_gives_plain_trainings_loss_and_gradients(plan):
     """Micro-batches weighted by the shifted targets (unshifted, the row of two targets would
     count three: the loss moved by 1.4e-5 of itself here), and blocks recomputed under an attention mask
     (with the cache on, the recomputed attention saw twice the keys: a shape error)."""
-    model = lora_llama()
-    reference = copy.deepcopy(model)
-    batch = padded()
-    expected = reference(**batch).loss
-    expected.backward()
-    with act.Step(model, plan=plan) as step:
-        loss = step(batch)
+    loss, expected, got, want = stepped_and_plain(lora_llama(), plan)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
-    got, want = trained(model), trained(reference)
     assert got.keys() == want.keys() and all("lora_" in name for name in got)
     for name in want:
         if plan.micro_batches == 1:
@@ -176,15 +178,9 @@ def test_prompt_learning_gives_plain_trainings_loss_and_gradients(kind):
     plans = [act.Plan(micro_batches=2)] + ([] if kind == "prefix tuning" else
                                            [act.Plan(micro_batches=2, recompute=(0, 1, 2))])
     for plan in plans:
-        model = prompt_learning(PROMPT_LEARNING[kind]())
-        reference = copy.deepcopy(model)
-        batch = padded()
-        expected = reference(**batch).loss
-        expected.backward()
-        with act.Step(model, plan=plan) as step:
-            loss = step(batch)
+        loss, expected, got, want = stepped_and_plain(
+            prompt_learning(PROMPT_LEARNING[kind]()), plan)
         assert loss.item() == pytest.approx(expected.item(), rel=1e-7, abs=0)
-        got, want = trained(model), trained(reference)
         assert got.keys() == want.keys()
         for name in want:
             assert cosine(got[name], want[name]) >= 0.99999, name
