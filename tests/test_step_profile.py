@@ -13,7 +13,7 @@ FIXED, PER_SAMPLE, SAVED, EXTRA = 40 * MiB, 10 * MiB, 6 * MiB, 3 * MiB
 def fake_probe(sizes):
     """A probe whose peak is FIXED + PER_SAMPLE a sample, saving SAVED a sample."""
     def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
-              peak_only=False, moments=False):
+              peak_only=False, moments=False, length=None):
         sizes.append(samples)
         out = step_profile.Probe(samples, recompute)
         out.peak = FIXED + PER_SAMPLE * samples
@@ -66,7 +66,7 @@ def test_the_lossless_probe_measures_the_codecs_own_work(monkeypatch):
     """Saves half zeros: the lossless storage holds about half of them; its probe peaks
     EXTRA a sample above what that cut predicts (decoding beside the gradients)."""
     def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
-              peak_only=False, moments=False):
+              peak_only=False, moments=False, length=None):
         out = step_profile.Probe(samples, recompute)
         out.saved = {None: SAVED * samples}
         out.surveys = [(SAVED * samples // 4, SAVED * samples // 8, 4)]  # half nonzero
@@ -139,7 +139,7 @@ def test_two_samples_are_predicted_from_the_first_run_of_one(monkeypatch):
     peaks = []
 
     def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
-              peak_only=False, moments=False):
+              peak_only=False, moments=False, length=None):
         out = step_profile.Probe(samples, recompute)
         first = peak_only and not recompute and storage is None  # the warm-up run
         out.peak = (60 if first else 40) * MiB * samples
@@ -161,7 +161,7 @@ def fake_block_probe(calls, grads):
     sample, one that recomputes both `grads` + (BLOCK + 2 MiB) a sample: a fixed part of its
     own (the gradients built up in backward), and the whole cut in what is held seen."""
     def probe(run_loss, params, samples, recompute=(), storage=None, fresh=False, meter=None,
-              peak_only=False, moments=False):
+              peak_only=False, moments=False, length=None):
         calls.append((samples, tuple(recompute)))
         out = step_profile.Probe(samples, recompute)
         if recompute:

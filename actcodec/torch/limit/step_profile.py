@@ -17,6 +17,7 @@ import time
 import torch
 
 from ... import choice
+from . import block_alone
 from . import blocks as blocks_mod
 from . import limit_plan
 from . import meter as meters
@@ -81,6 +82,9 @@ class Probe:
         self.widest: dict = {}  # block index -> the largest of those saves, bytes
         self.surveys: list = []  # (elements, nonzeros, element size) of float saves
         self.other = 0  # bytes saved that no storage changes
+        # block index -> bytes of its saves with two dimensions of the probe's length (along
+        # a sequence: scores over every pair of positions, which grow as its square)
+        self.square: dict = {}
         self.peak = 0
         self.seconds = 0.0
         self.state = blocks_mod.Running(recompute, profile=True)
@@ -89,7 +93,7 @@ class Probe:
 
 def probe(run_loss, params, samples: int, recompute=(), storage=None,
           fresh: bool = False, meter=None, peak_only: bool = False,
-          moments: bool = False) -> Probe:
+          moments: bool = False, length: int | None = None) -> Probe:
     """Runs `run_loss(samples)` forward and backward, counting (see module doc); or, given a
     `storage` context (compress_saved), its forward in that context, counting nothing but the
     peak and the seconds. `fresh`: the store's kept pages are released first, so that a probe
@@ -97,7 +101,9 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
     where the memory is measured (actcodec.torch.limit.meter; the process's by default).
     `peak_only`: only the peak is wanted (the saves are neither counted nor surveyed, a
     nonzero count per save being a pass over it; no timed rerun on a cold meter).
-    `moments`: its peaks told apart by moment too (Moments; recomputed blocks only)."""
+    `moments`: its peaks told apart by moment too (Moments; recomputed blocks only).
+    `length`: along a sequence, its tokens (the saves of two such dimensions are counted
+    apart, Probe.square)."""
     meter = meter if meter is not None else meters.ProcessMeter()
     out = Probe(samples, recompute)
     if meter.device.type != "cpu":
@@ -114,6 +120,8 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
         nbytes = storage.nbytes()
         key = out.state.current
         out.saved[key] = out.saved.get(key, 0) + nbytes
+        if length is not None and sum(d == length for d in t.shape) >= 2:
+            out.square[key] = out.square.get(key, 0) + nbytes
         if out.state.local is not None:
             out.local[out.state.local] = out.local.get(out.state.local, 0) + nbytes
             out.widest[out.state.local] = max(out.widest.get(out.state.local, 0), nbytes)
@@ -264,7 +272,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             return probe(run_loss, params, size, recompute, storage, meter=meter,
                          peak_only=peak_only, moments=moments)
         return probe(run_loss, params, size, recompute, storage, fresh=True, meter=meter,
-                     peak_only=peak_only, moments=moments)
+                     peak_only=peak_only, moments=moments, length=size)
 
     try:
         # lazy state warms up (its size does not matter: along a sequence, a short one)
@@ -277,7 +285,8 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             # tokens, an upper bound where the peak grows as a line
             while k // 2 >= warm.samples and not fits(_along(warm, fixed_guess, k)):
                 k //= 2
-        one = probe(run_loss, params, k, fresh=not twice, meter=meter)  # as the later ones
+        one = probe(run_loss, params, k, fresh=not twice, meter=meter,  # as the later ones
+                    length=None if twice else k)
         two = one
         # a probe run twice peaks higher on its first run (its layout first fit, before the
         # store learns its lifetimes): the first run of the next size is predicted from it
@@ -318,6 +327,14 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         curve = 0.0
         if not twice and lean_two is not None and k >= 2:
             curve = _curve(counted(k // 2, every, peak_only=True), lean, lean_two, batch)
+        # along a sequence, a block whose saves grow as the square of the length at both
+        # sizes is run alone at the whole length (block_alone): the lines under-measure it
+        square = {i: b for i, b in two.square.items() if i is not None and one.square.get(i)}
+        alone = alone_at = None
+        if not twice and not beyond and square and two.samples > k:
+            alone_at = max(sorted(square), key=square.get)
+            alone = block_alone.measure(run_loss, blocks[alone_at], two.samples, batch, meter,
+                                        fits)
         bare = []  # everything paged out: what the step needs whatever it holds
         if not twice and lean_two is not None and room is not None and lean_two.peak + (
                 batch - two.samples) * max(0.0, lean_two.peak - lean.peak) / (
@@ -423,6 +440,10 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         else:
             lean_at = 0.0
         least = max(least, (lean_at - flat) / batch)
+        if alone is not None:
+            found = block_alone.corrected(found, square, alone_at, alone)
+            if moments is None:
+                least = max(least, block_alone.working(found, alone_at, alone))
     made = []
     for name in storages:
         if name == "plain":
