@@ -41,27 +41,26 @@ def shares(batch, size: int, ranges: list, default_loss: bool, counted=None) -> 
     return [(stop - start) / size for start, stop in ranges]
 
 
-def uneven(model, batch, size: int, ranges: list) -> bool:
+def uneven(counted, size: int, ranges: list) -> bool:
     """Whether weighing `ranges` by their samples gives them other shares than their
-    targets (per_sample_targets) would: labels padded with -100 unevenly across the
+    targets (`counted`: start_counting's) would: labels padded with -100 unevenly across the
     micro-batches (False where the targets are not known)."""
-    per_sample = per_sample_targets(model, batch, size)
-    if per_sample is None:
+    if counted is None:
         return False
-    per_sample = per_sample.tolist()
+    per_sample = counted.read()
     total = sum(per_sample)
     return total > 0 and any(
         abs(sum(per_sample[start:stop]) / total - (stop - start) / size) > 1e-6
         for start, stop in ranges)
 
 
-def start_counting(model, batch, size: int, default_loss: bool):
-    """The targets of each sample (per_sample_targets) on their way to the host, for shares:
-    started before the step is planned, so that on a device the count is queued behind the
-    work already there and read once the plan is made, rather than waited for at once; None
-    where they are not known, or shares weighs the micro-batches otherwise (not the default
-    loss, or by `num_items_in_batch`)."""
-    if not default_loss or not isinstance(batch, Mapping) or \
+def start_counting(model, batch, size: int, wanted: bool = True):
+    """The targets of each sample (per_sample_targets) on their way to the host, for shares
+    and uneven: started before the step is planned, so that on a device the count is queued
+    behind the work already there and read once the plan is made, rather than waited for at
+    once; None where they are not known, not `wanted`, or the micro-batches' losses are
+    normalized over the whole batch already (`num_items_in_batch`)."""
+    if not wanted or not isinstance(batch, Mapping) or \
             batch.get("num_items_in_batch") is not None:
         return None
     per_sample = per_sample_targets(model, batch, size)

@@ -347,9 +347,10 @@ class Step:
                 self._planning.learn_times(clocked[1], times)
         seconds = {}
         batch = _no_cache(self.model, batch)
-        # the micro-batches' shares need the batch's targets: counted now, read after planning
-        counted = loss_weights.start_counting(self.model, batch, size,
-                                              self.loss_fn is mb.default_loss)
+        # the micro-batches' shares need the batch's targets (and a loss_fn's, until
+        # _check_weights has warned): counted now, read after planning, without a wait
+        counted = loss_weights.start_counting(
+            self.model, batch, size, self.loss_fn is mb.default_loss or not self._weights_warned)
         loss_fn = self._loss_fn(batch, limit)
         tokens = shape.sequence_length(batch, size)
         key = ("token", tokens) if tokens is not None else \
@@ -713,7 +714,7 @@ class Step:
             with self._lock:
                 self._in_flight = self._planned = None
         if unweighted and len(ranges) > 1 and self.loss_fn is not mb.default_loss:
-            self._check_weights(batch, size, ranges)
+            self._check_weights(size, ranges, counted)
         seconds.update(forward=done.forward, backward=done.backward,
                        total=time.perf_counter() - t_all + seconds.get("profile", 0.0))
         # what the step itself added: above the floor as it is resident (the optimizer state
@@ -726,12 +727,13 @@ class Step:
             self._planning.learn(plan, measured)
         return done.loss
 
-    def _check_weights(self, batch, size: int, ranges: list) -> None:
+    def _check_weights(self, size: int, ranges: list, counted) -> None:
         """Warns, once, where a loss_fn's plain loss was weighted by samples while the
-        batch's labels are padded unevenly across the micro-batches: a mean over targets
-        (as transformers' and torch's cross entropy take it) then gets another gradient
-        than one forward of the whole batch."""
-        if self._weights_warned or not loss_weights.uneven(self.model, batch, size, ranges):
+        batch's labels are padded unevenly across the micro-batches (`counted`, their targets
+        per sample: loss_weights.start_counting): a mean over targets (as transformers' and
+        torch's cross entropy take it) then gets another gradient than one forward of the
+        whole batch."""
+        if self._weights_warned or not loss_weights.uneven(counted, size, ranges):
             return
         self._weights_warned = True
         warnings.warn(
