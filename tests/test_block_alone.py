@@ -139,3 +139,34 @@ def test_the_profile_of_a_long_sample_holds_what_its_blocks_measure_alone():
         assert peak >= 0.95 * whole.peak, (recompute, peak / MiB, whole.peak / MiB)
     # and the turn holds every block's saves at the whole length, squares included
     assert limit_plan.held_bytes(profile, ()) * 2048 >= 0.95 * 2 * whole.saves
+
+
+def test_a_block_that_runs_only_inside_its_model_is_left_to_the_lines_with_a_warning():
+    class Inside(EagerAttention):
+        def forward(self, x, mask=None, *, parent=None):
+            if parent is None or not parent.running:
+                raise RuntimeError("called outside its model")
+            return super().forward(x, mask)
+
+    class Parent(TinyLM):
+        running = False
+
+        def forward(self, ids):
+            t = ids.shape[1]
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            self.running = True
+            try:
+                x = self.embed(ids)
+                for block in self.blocks:
+                    x = block(x, mask=mask, parent=self)
+                return self.head(x)
+            finally:
+                self.running = False
+
+    torch.manual_seed(0)
+    model = Parent()
+    model.blocks = torch.nn.ModuleList(Inside() for _ in range(2))
+    ids = torch.randint(0, 64, (1, 256))
+    with pytest.warns(RuntimeWarning, match="Inside could not be run alone"):
+        assert block_alone.measure(loss_of(model, ids), model.blocks[0], 128, 256,
+                                   meters.ProcessMeter(), lambda nbytes: True) is None
