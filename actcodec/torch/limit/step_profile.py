@@ -430,11 +430,12 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         else:
             least, flat = max(least, slope), max(0.0, one.peak - k * slope)
         # no plan peaks below the lean one (every block recomputed) at the whole sequence:
-        # its line, and what it grows by beyond it; with one lean length (the second did not
-        # fit), at least its growth per token above what does not grow, which a peak growing
-        # faster than a line only exceeds
+        # its line, and what it grows by beyond it (a block measured alone says that for
+        # its blocks, below: the curve of three short peaks, then, only over-measures it);
+        # with one lean length (the second did not fit), at least its growth per token above
+        # what does not grow, which a peak growing faster than a line only exceeds
         if lean_two is not None:
-            lean_at = lean_two.peak + (batch - n) * lean_slope + curve
+            lean_at = lean_two.peak + (batch - n) * lean_slope + (0.0 if alone else curve)
         elif lean is not None:
             lean_at = lean.peak + (batch - k) * max(0.0, lean.peak - fixed_guess) / k
         else:
