@@ -75,32 +75,34 @@ def test_a_block_alone_gets_the_models_own_inputs_and_saves_its_scores():
     assert all(p.grad is None for p in model.parameters())  # its parameters' are not taken
 
 
-def test_lengths_run_double_up_to_the_whole_only_where_the_square_fits():
+def test_lengths_run_double_up_to_the_whole_only_where_the_square_fits(monkeypatch):
     torch.manual_seed(0)
     model = TinyLM()
     ids = torch.randint(0, 64, (1, 1024))
-    lengths = []
-    model.blocks[0].register_forward_pre_hook(
-        lambda m, args: lengths.append(args[0].shape[1]) if torch.is_grad_enabled() else None)
+    runs = []
+    run_alone = block_alone.run_alone
+    monkeypatch.setattr(block_alone, "run_alone",
+                        lambda *args: runs.append(run_alone(*args)) or runs[-1])
     meter = meters.ProcessMeter()
     whole = block_alone.measure(loss_of(model, ids), model.blocks[0], 256, 1024, meter,
                                 lambda nbytes: True)
-    assert lengths == [256, 512, 1024] and not whole.bound and whole.tokens == 1024
-    lengths.clear()
-    room = {}
+    assert [r.tokens for r in runs] == [256, 512, 1024] and whole is runs[-1]
+    assert not whole.bound
+    runs.clear()
+    asked = []
 
     def fits(nbytes):  # the whole length's square does not fit: the half is the last run
-        room.setdefault("asked", []).append(nbytes)
-        return len(room["asked"]) < 2
+        asked.append(nbytes)
+        return len(asked) < 2
 
     bound = block_alone.measure(loss_of(model, ids), model.blocks[0], 256, 1024, meter, fits)
-    assert lengths == [256, 512] and bound.bound and bound.tokens == 1024
-    half = block_alone.run_alone(model.blocks[0], block_alone.inputs_at(
-        loss_of(model, ids), model.blocks[0], 512), meter, 512)
-    # the half's bytes scaled as the square: at least what the whole measured
-    assert bound.peak == pytest.approx(4 * half.peak, rel=0.25)
-    assert bound.peak >= 0.9 * whole.peak
-    assert len(room["asked"]) == 2  # asked for 512 (yes), then for 1024 (no)
+    assert [r.tokens for r in runs] == [256, 512] and len(asked) == 2
+    half = runs[-1]
+    # the half's bytes scaled as the square stand for the whole
+    assert bound.bound and bound.tokens == 1024
+    assert (bound.saves, bound.peak, bound.reach) == pytest.approx(
+        (4 * half.saves, 4 * half.peak, 4 * half.reach))
+    assert asked[1] >= 4 * half.reach  # and what was asked held that at least
 
 
 def test_what_a_block_measured_alone_adds_goes_to_the_blocks_that_save_squares():
