@@ -20,6 +20,8 @@ import warnings
 
 import torch
 
+from . import shape
+
 
 class _Seen(Exception):
     """Raised by the capturing hook: the model's forward stops at the block."""
@@ -60,16 +62,6 @@ def inputs_at(run_loss, block: torch.nn.Module, tokens: int):
     return seen.get("call")
 
 
-def _tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def run_alone(block: torch.nn.Module, call, meter, tokens: int) -> Alone | None:
     """The block's forward and backward on `call` (inputs_at's), the gradient taken for its
     floating-point positional inputs and `hidden_states` (the sequence it transforms; masks
@@ -92,7 +84,7 @@ def run_alone(block: torch.nn.Module, call, meter, tokens: int) -> Alone | None:
     live = meter.live_peak()
     with meter.peak() as reach, live if live is not None else contextlib.nullcontext() as peak:
         with torch.enable_grad():
-            outs = [t for t in _tensors(block(*args, **kwargs)) if t.requires_grad]
+            outs = [t for t in shape._tensors(block(*args, **kwargs)) if t.requires_grad]
         meter.synchronize()
         saves = meter.live() - base - sum(t.numel() * t.element_size() for t in outs)
         if not outs:
