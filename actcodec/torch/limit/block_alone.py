@@ -106,26 +106,30 @@ def measure(run_loss, block: torch.nn.Module, start: int, tokens: int, meter, fi
     square (`bound`). None where the block could not be run alone."""
     done, length = None, start
     while True:
-        if done is not None:
-            if length >= tokens:
-                return done
-            length = min(tokens, 2 * done.tokens)
-            # what the meter holds beyond the live bytes is taken first, then new memory
-            if not fits(meter.held() - meter.live() + _squared(done, length).reach):
-                return _squared(done, tokens)
-        try:
-            call = inputs_at(run_loss, block, length)
-            found = None if call is None else run_alone(block, call, meter, length)
-            del call
-        except Exception as exc:  # noqa: BLE001 (a block that does not run outside its model)
-            warnings.warn(f"{type(block).__name__} could not be run alone ({type(exc).__name__}: "
-                          f"{exc}): its saves over every pair of positions are planned from "
-                          f"shorter lengths only, which can under-measure them",
-                          RuntimeWarning, stacklevel=2)
-            found = None
+        found = _once(run_loss, block, meter, length)
         if found is None:
             return None if done is None else _squared(done, tokens)
         done = found
+        if done.tokens >= tokens:
+            return done
+        length = min(tokens, 2 * done.tokens)
+        # what the meter holds beyond the live bytes is taken first, then new memory
+        if not fits(meter.held() - meter.live() + _squared(done, length).reach):
+            return _squared(done, tokens)
+
+
+def _once(run_loss, block: torch.nn.Module, meter, length: int) -> Alone | None:
+    """The block alone at `length` (inputs_at, then run_alone); None, with a RuntimeWarning
+    where it raised, where it could not be run alone."""
+    try:
+        call = inputs_at(run_loss, block, length)
+        return None if call is None else run_alone(block, call, meter, length)
+    except Exception as exc:  # noqa: BLE001 (a block that does not run outside its model)
+        warnings.warn(f"{type(block).__name__} could not be run alone ({type(exc).__name__}: "
+                      f"{exc}): its saves over every pair of positions are planned from "
+                      f"shorter lengths only, which can under-measure them",
+                      RuntimeWarning, stacklevel=3)
+        return None
 
 
 def _squared(alone: Alone, tokens: int) -> Alone:

@@ -435,7 +435,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         # with one lean length (the second did not fit), at least its growth per token above
         # what does not grow, which a peak growing faster than a line only exceeds
         if lean_two is not None:
-            lean_at = lean_two.peak + (batch - n) * lean_slope + (0.0 if alone else curve)
+            lean_at = lean_two.peak + (batch - n) * lean_slope + (curve if alone is None else 0.0)
         elif lean is not None:
             lean_at = lean.peak + (batch - k) * max(0.0, lean.peak - fixed_guess) / k
         else:
