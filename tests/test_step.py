@@ -377,10 +377,13 @@ def test_transformers_encoder_decoder_layers_are_blocks():
         vocab_size=64, max_position_embeddings=32))
     assert [type(b).__name__ for b in blocks.find(bart)] == \
         ["BartEncoderLayer"] * 2 + ["BartDecoderLayer"] * 3
-    t5 = tf.T5ForConditionalGeneration(tf.T5Config(
-        d_model=16, d_ff=32, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=2,
-        vocab_size=64, decoder_start_token_id=0, pad_token_id=0))
-    assert [type(b).__name__ for b in blocks.find(t5)] == ["T5Block"] * 4
+    for vocab in (64, 4096):
+        # 4096: the shared embedding, which both stacks hold, outweighs the layers; the
+        # stacks (each recomputed whole, holding all its layers' saves at once) are no blocks
+        t5 = tf.T5ForConditionalGeneration(tf.T5Config(
+            d_model=16, d_ff=32, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=2,
+            vocab_size=vocab, decoder_start_token_id=0, pad_token_id=0))
+        assert [type(b).__name__ for b in blocks.find(t5)] == ["T5Block"] * 4
 
 
 def test_transformers_blocks_and_a_dict_batch():

@@ -10,7 +10,8 @@ instances break a tie (a transformer's layers, a ResNet's residual blocks). Wher
 model's layer lists give more blocks holding at least half those parameters, they are
 those instead: the children of its ModuleLists and Sequentials that repeat a class within
 one of them and have submodules of their own, the outermost (an encoder's layers and a
-decoder's, of two classes, rather than the two stacks that hold them). Which
+decoder's, of two classes, rather than the two stacks that hold them; parameters shared
+with a module outside, a tied embedding, are counted for neither). Which
 blocks recompute, and what a block reports while it runs, is per context (`running`), so a
 model used outside a step, or in another thread, runs as it is.
 
@@ -42,7 +43,8 @@ NOT_CALLED = (torch.nn.ModuleList, torch.nn.ModuleDict)
 def find(model: torch.nn.Module) -> list:
     """The model's repeated blocks, in the order they are registered (possibly none)."""
     listed, by_class = _listed(model), _by_class(model)
-    finer = len(listed) > len(by_class) and 2 * _parameters(listed) >= _parameters(by_class)
+    finer = len(listed) > len(by_class) and \
+        2 * _parameters(model, listed) >= _parameters(model, by_class)
     return listed if finer else by_class
 
 
@@ -86,9 +88,14 @@ def _by_class(model: torch.nn.Module) -> list:
     return best
 
 
-def _parameters(modules: list) -> int:
-    """Elements of the distinct parameters the modules hold."""
-    seen = {id(p): p.numel() for m in modules for p in m.parameters()}
+def _parameters(model: torch.nn.Module, modules: list) -> int:
+    """Elements of the distinct parameters the modules hold that no module outside them
+    does: an embedding shared with the model's own (T5's and BART's stacks each hold the
+    one `shared` table) weighs for neither side."""
+    inside = {id(m) for c in modules for m in c.modules()}
+    outside = {id(p) for m in model.modules() if id(m) not in inside
+               for p in m.parameters(recurse=False)}
+    seen = {id(p): p.numel() for m in modules for p in m.parameters() if id(p) not in outside}
     return sum(seen.values())
 
 
