@@ -5,8 +5,9 @@ samples this process's RSS from outside and compares it with the limit.
 
 argv: room_mib (the limit is the floor after setup plus this), then the batches as
 samples x tokens (e.g. 4x64 4x64 12x192 2x32). LIMIT_WORKER_VOCAB: the vocabulary (1024);
-LIMIT_WORKER_MODEL=bloom, qwen3 or llama_lora (LoRA adapters, peft; LIMIT_WORKER_LAYERS of
-them, 4 by default): that layout instead."""
+LIMIT_WORKER_MODEL=bloom, qwen3, llama_lora (LoRA adapters, peft; LIMIT_WORKER_LAYERS of
+them, 4 by default) or t5 (an encoder-decoder: labels a quarter of the tokens, the source
+padded alone): that layout instead."""
 import json
 import os
 import sys
@@ -29,6 +30,8 @@ def batch(samples, tokens, vocab, seed):
     lengths[0] = tokens  # the longest sets the padded length, as a collator's does
     mask = (torch.arange(tokens)[None, :] < lengths[:, None]).long()
     labels = ids.masked_fill(mask == 0, -100)
+    if os.environ.get("LIMIT_WORKER_MODEL") == "t5":  # a target of its own, a quarter as long
+        labels = torch.randint(0, vocab, (samples, max(1, tokens // 4)), generator=g)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -46,6 +49,11 @@ def main():
                                        num_key_value_heads=2, head_dim=64, vocab_size=vocab,
                                        max_position_embeddings=4096)
         model = transformers.Qwen3ForCausalLM(cfg)
+    elif os.environ.get("LIMIT_WORKER_MODEL") == "t5":  # relative position bias, eager
+        cfg = transformers.T5Config(d_model=256, d_ff=1024, d_kv=64, num_heads=4, num_layers=4,
+                                    num_decoder_layers=4, vocab_size=vocab, dropout_rate=0.0,
+                                    decoder_start_token_id=0, pad_token_id=0)
+        model = transformers.T5ForConditionalGeneration(cfg)
     elif os.environ.get("LIMIT_WORKER_MODEL") == "llama_lora":  # LoRA (peft) on a Llama
         import peft
         layers = int(os.environ.get("LIMIT_WORKER_LAYERS", "4"))

@@ -198,6 +198,19 @@ def test_one_long_sample_runs_under_a_limit_its_plain_step_would_cross():
     assert_within(events, seen)
 
 
+def test_one_long_sample_of_an_encoder_decoder_runs_under_a_limit_its_plain_step_would_cross():
+    """T5 (4 + 4 layers of 256, vocabulary 8000), one sample: 2048 source tokens, 512 labels.
+    Plain training peaks ~730-800 MiB above this start (AdamW's state in it). Planned along
+    both sequences at once (probes on their first quarter and half, in proportion) with its
+    layers, not its two stacks, as blocks: every step under a room of 760 MiB. Before, a
+    sample of two lengths was planned as one sample: refused, naming ~1450 MiB (above
+    plain's peak), its probes of the whole sample going past the limit at rooms of 600-720."""
+    events, seen = run_loop(760, ["1x2048", "1x2048"], vocab=8000, model="t5")
+    assert [e["event"] for e in events] == ["start", "step", "step", "done"], events
+    assert all("T5Block" in e["plan"] for e in events if e["event"] == "step"), events
+    assert_within(events, seen)
+
+
 def test_one_long_sample_of_a_lora_model_runs_under_a_limit_its_plain_step_would_cross():
     """LoRA adapters (peft) on a Llama layout, batch 1 x 2048 tokens, a 32k vocabulary: plain
     training peaks ~1060 MiB above the floor. The adapters' wrapper is its base model's causal

@@ -255,3 +255,7 @@ def test_a_peak_growing_as_the_square_of_the_length_is_extrapolated_as_one():
     bent = [probe(t, 100.0 + 30.0 * t ** 0.5) for t in (256, 512, 1024)]
     assert step_profile._curve(*bent, 2048) == 0.0
     assert step_profile._curve(low, mid, high, 1024) == 0.0  # nothing beyond the probes
+    # a shorter probe above a longer one: peaks within their noise, no square read from them
+    # (BART at 1 x 2048 tokens: lean probes of 64, 128 and 256 tokens at these MiB)
+    noisy = [probe(t, m * MiB) for t, m in ((64, 119.8), (128, 113.4), (256, 133.6))]
+    assert step_profile._curve(*noisy, 2048) == 0.0

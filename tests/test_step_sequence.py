@@ -115,6 +115,53 @@ def test_what_counts_as_one_long_sample():
     assert cut["n"].shape == ()
 
 
+def test_an_encoder_decoders_sequences_are_cut_in_proportion():
+    """A sample of two sequences (an encoder-decoder's source and labels) is one long
+    sample too: its longest length is the scale, each sequence cut in proportion (rounded
+    up), and its unit names the shares, so that a profile serves only batches of the same
+    proportions; a tensor of a length no token sequence has (an image's rows, a
+    spectrogram's bins) still makes it no sequence."""
+    ids, labels = torch.zeros(1, 100, dtype=torch.long), torch.zeros(1, 30, dtype=torch.long)
+    batch = {"input_ids": ids, "attention_mask": torch.ones(1, 100), "labels": labels}
+    assert shape.token_lengths(batch, 1) == (100, 100, 30)
+    assert shape.sequence_length(batch, 1) == 100
+    assert shape.sequence_unit(batch, 1) == "token 1:1:0.3"
+    assert shape.sequence_unit({"input_ids": ids, "labels": ids}, 1) == "token"
+    cut = shape.first_tokens(batch, 100, 25)
+    assert [cut[k].shape[1] for k in ("input_ids", "attention_mask", "labels")] == [25, 25, 8]
+    speech = {"input_features": torch.zeros(1, 80, 3000), "labels": labels}
+    assert shape.sequence_length(speech, 1) is None
+
+
+def test_an_encoder_decoder_sample_is_planned_along_its_sequences_and_gives_the_plain_gradient(
+        monkeypatch):
+    """T5 with 256 source tokens and 64 labels: probed on both sequences' first tokens in
+    proportion, planned along them, and the gradient plain PyTorch's bit for bit (its own
+    loss; the head is not chunked for an encoder-decoder)."""
+    def t5():
+        torch.manual_seed(0)
+        return tf.T5ForConditionalGeneration(tf.T5Config(
+            d_model=32, d_ff=64, d_kv=16, num_heads=2, num_layers=2, num_decoder_layers=2,
+            vocab_size=VOCAB, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+
+    g = torch.Generator().manual_seed(1)
+    batch = {"input_ids": torch.randint(1, VOCAB, (1, TOKENS), generator=g),
+             "labels": torch.randint(1, VOCAB, (1, TOKENS // 4), generator=g)}
+    want = t5()
+    want(**batch).loss.backward()
+    seen = []
+    model = t5()
+    model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append((kwargs["input_ids"].shape[1],
+                                             kwargs["labels"].shape[1])), with_kwargs=True)
+    with act.Step(model, limit=GENEROUS, exact=True) as step:
+        step(batch)
+        assert step.profile.unit == "token 1:0.25" and step.profile.batch == TOKENS
+    assert (TOKENS // 4, TOKENS // 16) in seen and (TOKENS // 2, TOKENS // 8) in seen, seen
+    assert all(labels == -(-source // 4) for source, labels in seen), seen
+    assert torch.equal(flat_grad(model), flat_grad(want))
+
+
 def test_a_batch_of_sequences_is_cut_along_its_tokens():
     """token_length: the length of any batch of token sequences (what a new longest batch's
     shorter probes cut, Step._probe_shorter); first_tokens with `size` cuts every (size, T)

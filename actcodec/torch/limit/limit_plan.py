@@ -105,7 +105,9 @@ less is held, in backward, only in part); `least`, bytes per sample the step pea
 holding nothing (an op's working set, a save decoded for its backward), which no plan
 goes below. `unit`: what `batch` counts, "sample" (per-sample quantities, `units` elements
 each), or "token" (one sample planned along its sequence: `batch` is its tokens, every
-per-sample quantity is per token, and it cannot be split). `grads`: the bytes of the
+per-sample quantity is per token, and it cannot be split; "token" and its sequences' shares
+of the longest where they differ, an encoder-decoder's source and labels: `batch` is the
+longest's tokens, shape.sequence_unit). `grads`: the bytes of the
 gradients, which from the second micro-batch on stay for the whole of each (in one
 micro-batch they build up during backward, which `fixed` has measured). `flat`: where the
 probes told the step's two phases apart (a sequence's profile: at short lengths the peak is
@@ -152,7 +154,7 @@ def scaled(profile: Profile, units: float) -> Profile:
     if units == profile.units or profile.units <= 0:
         return profile
     r = units / profile.units
-    if profile.unit == "token":
+    if profile.unit != "sample":
         f, t = max(1.0, r), 1.0
     else:
         f, t = (1.0 if r <= 1 else r * r), r
@@ -372,7 +374,7 @@ def chunk_counts(profile: Profile) -> list:
     the C heap, where a GPT-2's MLPs in chunks of 128 tokens peaked 1.7 times their model
     and every step grew the heap); else 1 (whole)."""
     counts = [1]
-    if profile.unit == "token" and any(b.local > 0 for b in profile.blocks):
+    if profile.unit != "sample" and any(b.local > 0 for b in profile.blocks):
         widest = max(b.local_widest for b in profile.blocks)
         c = 2
         while c <= MAX_CHUNKS and profile.batch >= c * MIN_CHUNK_TOKENS and \

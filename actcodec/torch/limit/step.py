@@ -353,7 +353,7 @@ class Step:
             self.model, batch, size, self.loss_fn is mb.default_loss or not self._weights_warned)
         loss_fn = self._loss_fn(batch, limit)
         tokens = shape.sequence_length(batch, size)
-        key = ("token", tokens) if tokens is not None else \
+        key = (shape.sequence_unit(batch, size), tokens) if tokens is not None else \
             ("sample", shape.units_per_sample(batch, size))
         with meter.peak() as before:  # the probes' peak: the limit holds for them too
             floor = self._floor(meter)
@@ -397,6 +397,8 @@ class Step:
             run, count, split, first = (
                 lambda n: self._loss(shape.first_tokens(batch, tokens, n), loss_fn)[0],
                 tokens, False, tokens // 4)
+            sequences = set(shape.token_lengths(batch, size))
+            lengths = lambda n: {shape.cut_length(t, tokens, n) for t in sequences}
         cuda = isinstance(meter, meters.CudaMeter)
         measured = step_profile.measure(
             run, self.model, self.blocks, count, _storages(self.bits, self.exact, cuda),
@@ -404,7 +406,8 @@ class Step:
             paged=self._context("offload" if cuda else "paged"), bits=self.bits,
             budgeted=None if self.exact or cuda else self._context("budget"),
             lossless=self._context("lossless"), first=first,
-            fixed_bytes=self._loss_buffers(batch, limit), meter=meter)
+            fixed_bytes=self._loss_buffers(batch, limit), meter=meter,
+            lengths=None if tokens is None else lengths)
         self._planning.add(key, measured)
         # the probes' lazy state (libraries, caches) stays; what the allocators kept free of
         # theirs goes back first, or the floor would count it, and the peaks measured from it

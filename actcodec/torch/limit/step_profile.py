@@ -93,7 +93,7 @@ class Probe:
 
 def probe(run_loss, params, samples: int, recompute=(), storage=None,
           fresh: bool = False, meter=None, peak_only: bool = False,
-          moments: bool = False, length: int | None = None) -> Probe:
+          moments: bool = False, length=None) -> Probe:
     """Runs `run_loss(samples)` forward and backward, counting (see module doc); or, given a
     `storage` context (compress_saved), its forward in that context, counting nothing but the
     peak and the seconds. `fresh`: the store's kept pages are released first, so that a probe
@@ -102,10 +102,12 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
     `peak_only`: only the peak is wanted (the saves are neither counted nor surveyed, a
     nonzero count per save being a pass over it; no timed rerun on a cold meter).
     `moments`: its peaks told apart by moment too (Moments; recomputed blocks only).
-    `length`: along a sequence, its tokens (the saves of two such dimensions are counted
-    apart, Probe.square)."""
+    `length`: along a sequence, its tokens, or the lengths of its sequences (a set: an
+    encoder-decoder's source and labels); the saves of two such dimensions are counted
+    apart (Probe.square)."""
     meter = meter if meter is not None else meters.ProcessMeter()
     out = Probe(samples, recompute)
+    lengths = {length} if isinstance(length, int) else set(length or ())
     if meter.device.type != "cpu":
         out.state.sync = meter.synchronize
     seen: set = set()
@@ -120,7 +122,7 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
         nbytes = storage.nbytes()
         key = out.state.current
         out.saved[key] = out.saved.get(key, 0) + nbytes
-        if length is not None and sum(d == length for d in t.shape) >= 2:
+        if lengths and sum(d in lengths for d in t.shape) >= 2:
             out.square[key] = out.square.get(key, 0) + nbytes
         if out.state.local is not None:
             out.local[out.state.local] = out.local.get(out.state.local, 0) + nbytes
@@ -219,7 +221,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             spill_dir: str | None, room: float | None = None, paged=None,
             bits: int = 8, budgeted=None, lossless=None,
             first: int | None = None, fixed_bytes: int = 0,
-            meter=None) -> limit_plan.Profile:
+            meter=None, lengths=None) -> limit_plan.Profile:
     """The step's profile for a batch of `batch` samples: probes of k samples and of 2k
     (where they fit in `room` bytes above the floor), each twice and the second counted (the
     first warms lazy state up and lays memory out first fit), buffers restored after. k is 1
@@ -236,11 +238,14 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     included, takes about three plain steps. `fixed_bytes`: what a probe there holds beside
     the gradients that does not grow with its tokens (the chunked loss's buffers), so that
     the half is run where it fits. `meter`: where memory is measured (probe); `paged`: the
-    context that holds nothing on the device (paged out; on CUDA, offloaded: OFF_DEVICE)."""
+    context that holds nothing on the device (paged out; on CUDA, offloaded: OFF_DEVICE).
+    `lengths(n)`: along a sequence, the lengths of the sequences `run_loss(n)` runs (by
+    default n alone)."""
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     meter = meter if meter is not None else meters.ProcessMeter()
     start = meter.live()
+    lengths = lengths if lengths is not None else (lambda n: {n})
 
     def fits(peak: float) -> bool:
         # whether a probe peaking `peak` above what is live as it starts stays in the room,
@@ -272,7 +277,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             return probe(run_loss, params, size, recompute, storage, meter=meter,
                          peak_only=peak_only, moments=moments)
         return probe(run_loss, params, size, recompute, storage, fresh=True, meter=meter,
-                     peak_only=peak_only, moments=moments, length=size)
+                     peak_only=peak_only, moments=moments, length=lengths(size))
 
     try:
         # lazy state warms up (its size does not matter: along a sequence, a short one)
@@ -286,7 +291,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             while k // 2 >= warm.samples and not fits(_along(warm, fixed_guess, k)):
                 k //= 2
         one = probe(run_loss, params, k, fresh=not twice, meter=meter,  # as the later ones
-                    length=None if twice else k)
+                    length=None if twice else lengths(k))
         two = one
         # a probe run twice peaks higher on its first run (its layout first fit, before the
         # store learns its lifetimes): the first run of the next size is predicted from it
@@ -488,9 +493,12 @@ def _along(p: Probe, fixed: float, tokens: int) -> float:
 def _curve(low: Probe, mid: Probe, high: Probe, size: int) -> float:
     """Bytes a peak growing as the square of the length (the second difference of three
     probes' peaks) adds at `size` beyond the line through the two larger ones; 0 where it
-    grows no faster than a line."""
+    grows no faster than a line, and where a shorter probe peaked above a longer one: there
+    the peaks differ by less than their noise (a layout, a lazy buffer), which the square,
+    read at a length many times theirs, would multiply (a BART's at 1 x 2048 tokens, from
+    probes of 64, 128 and 256 peaking 6 MiB out of order, added 4.6 GiB)."""
     x0, x1, x2 = low.samples, mid.samples, high.samples
-    if not x0 < x1 < x2 < size:
+    if not x0 < x1 < x2 < size or not low.peak <= mid.peak <= high.peak:
         return 0.0
     square = ((high.peak - mid.peak) / (x2 - x1) - (mid.peak - low.peak) / (x1 - x0)) / (x2 - x0)
     return max(0.0, square * (size - x1) * (size - x2))
