@@ -202,7 +202,8 @@ def test_one_long_sample_of_an_encoder_decoder_runs_under_a_limit_its_plain_step
     """T5 (4 + 4 layers of 256, vocabulary 8000), one sample: 2048 source tokens, 512 labels.
     Plain training peaks ~730-800 MiB above this start (AdamW's state in it). Planned along
     both sequences at once (probes on their first quarter and half, in proportion) with its
-    layers, not its two stacks, as blocks: every step under a room of 760 MiB. Before, a
+    layers, not its two stacks, as blocks, its head and loss in chunks (seq2seq_lm): every
+    step under a room of 760 MiB. Before, a
     sample of two lengths was planned as one sample: refused, naming ~1450 MiB (above
     plain's peak), its probes of the whole sample going past the limit at rooms of 600-720."""
     events, seen = run_loop(760, ["1x2048", "1x2048"], vocab=8000, model="t5")

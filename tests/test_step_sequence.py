@@ -137,7 +137,7 @@ def test_an_encoder_decoder_sample_is_planned_along_its_sequences_and_gives_the_
         monkeypatch):
     """T5 with 256 source tokens and 64 labels: probed on both sequences' first tokens in
     proportion, planned along them, and the gradient plain PyTorch's bit for bit (its own
-    loss; the head is not chunked for an encoder-decoder)."""
+    loss, chunk_loss=False: test_seq2seq_lm runs the chunked one)."""
     def t5():
         torch.manual_seed(0)
         return tf.T5ForConditionalGeneration(tf.T5Config(
@@ -154,7 +154,7 @@ def test_an_encoder_decoder_sample_is_planned_along_its_sequences_and_gives_the_
     model.register_forward_pre_hook(
         lambda m, args, kwargs: seen.append((kwargs["input_ids"].shape[1],
                                              kwargs["labels"].shape[1])), with_kwargs=True)
-    with act.Step(model, limit=GENEROUS, exact=True) as step:
+    with act.Step(model, limit=GENEROUS, exact=True, chunk_loss=False) as step:
         step(batch)
         assert step.profile.unit == "token 1:0.25" and step.profile.batch == TOKENS
     assert (TOKENS // 4, TOKENS // 16) in seen and (TOKENS // 2, TOKENS // 8) in seen, seen

@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from .chunked_loss import IGNORE_INDEX, chunked_cross_entropy
+from .chunked_loss import IGNORE_INDEX, check_labelled, chunked_cross_entropy
 from .loss_weights import shifts_labels
 from . import wrapped
 
@@ -43,12 +43,7 @@ def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> to
     same loss and gradients, up to float summation order, with no tokens x vocab tensor.
     Returns the loss, a 0-dim float32 tensor (float64 for a float64 model)."""
     name = type(model).__name__
-    if not isinstance(batch, Mapping):
-        raise TypeError(f"causal_lm_loss: batch must be a dict of the model's inputs and its "
-                        f"labels, got {type(batch).__name__}")
-    if batch.get("labels") is None:
-        raise ValueError("causal_lm_loss: the batch has no 'labels' (model(**batch).loss "
-                         "would be None)")
+    check_labelled(batch, "causal_lm_loss")
     base = _check_covered(model)
     head = base.get_output_embeddings()
     decoder = _decoder(base)

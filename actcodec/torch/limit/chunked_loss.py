@@ -36,6 +36,7 @@ gradients are zero, as torch's; with num_items_in_batch it is 0.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 import dataclasses
 import math
 import numbers
@@ -57,6 +58,17 @@ def default_chunk_tokens(vocab_size: int, logits_bytes: int = CHUNK_LOGITS_BYTES
     """The default chunk: as many tokens as make `logits_bytes` of float32 logits (512
     tokens at a 32k vocabulary by default), at least one."""
     return max(1, logits_bytes // (4 * vocab_size))
+
+
+def check_labelled(batch, caller: str) -> None:
+    """A language model's loss from a batch: TypeError unless it is a dict (the model's inputs
+    and its labels), ValueError where it has no labels (model(**batch).loss would be None)."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"{caller}: batch must be a dict of the model's inputs and its "
+                        f"labels, got {type(batch).__name__}")
+    if batch.get("labels") is None:
+        raise ValueError(f"{caller}: the batch has no 'labels' (model(**batch).loss "
+                         f"would be None)")
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,

@@ -42,7 +42,7 @@ from ... import store as stores
 from ..save import allocator as allocators
 from . import accumulate
 from . import blocks as blocks_mod
-from . import causal_lm, chunked_loss
+from . import causal_lm, chunked_loss, seq2seq_lm
 from . import limit_plan
 from . import loss_weights, meter as meters, mini_sequence
 from . import micro_batches as mb
@@ -130,7 +130,8 @@ class Step:
     default loss of a transformers causal LM (or PEFT adapters on one; a dict batch with
     labels) runs its head and
     cross-entropy in chunks of tokens (act.causal_lm_loss: the same loss and gradients up to
-    summation order, without the tokens x vocabulary logits); False: model(**b).loss always.
+    summation order, without the tokens x vocabulary logits), and so does an encoder-decoder
+    LM's (T5's and BART's kinds: seq2seq_lm); False: model(**b).loss always.
 
     A batch of one sample of at least 64 tokens (token ids of shape (1, T)) is planned along
     its sequence: its probes run on its first quarter and half, and its plan cannot use
@@ -214,6 +215,7 @@ class Step:
         self._contexts: dict = {}
         self._period_samples = 0  # samples of the micro-batch run last (see _run)
         self._weights_warned = False  # _check_weights warned already
+        self._seq2seq_checked = None  # _chunked_loss_holds's answer for an encoder-decoder
         self._clocked = None  # (the device's clock of the last step, its plan): see _run
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
@@ -491,18 +493,42 @@ class Step:
         chunk = self._chunk_tokens(batch, limit)
         if chunk is None:
             return self.loss_fn
-        return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
+        if causal_lm.covers(self.model):
+            return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
+        return lambda model, b: seq2seq_lm.seq2seq_lm_loss(model, b, chunk_tokens=chunk,
+                                                           checked=True)
 
     def _chunk_tokens(self, batch, limit) -> int | None:
         """The chunked loss's chunk in tokens where this step runs it, else None."""
         if limit is None or not self.chunk_loss or self.loss_fn is not mb.default_loss or \
-                not isinstance(batch, Mapping) or batch.get("labels") is None or \
-                not causal_lm.covers(self.model):
+                not isinstance(batch, Mapping) or batch.get("labels") is None:
             return None
-        vocab = causal_lm.head(self.model).out_features
+        head = _lm_head(self.model, batch)
+        if head is None or not self._chunked_loss_holds(batch):
+            return None
+        vocab = head.out_features
         logits = min(max(STEP_CHUNK_LOGITS_BYTES, int(limit * STEP_CHUNK_LIMIT_SHARE)),
                      chunked_loss.CHUNK_LOGITS_BYTES)
         return chunked_loss.default_chunk_tokens(vocab, logits)
+
+    def _chunked_loss_holds(self, batch) -> bool:
+        """Whether the chunked loss gives this model's: a causal LM's checks its head at each
+        call; an encoder-decoder's path is checked once per Step, on the first batch's
+        prefix (seq2seq_lm.check: not inside the loss, where a probe's hooks, and the block
+        measured alone, would take the prefix's forward for the step's); where it differs,
+        the model's own loss runs, with a RuntimeWarning."""
+        if causal_lm.covers(self.model):
+            return True
+        if self._seq2seq_checked is None:
+            try:
+                seq2seq_lm.check(self.model, batch)
+                self._seq2seq_checked = True
+            except Exception as exc:  # noqa: BLE001 (a forward that fails on the prefix too)
+                warnings.warn(f"the chunked loss does not cover {type(self.model).__name__} "
+                              f"({type(exc).__name__}: {exc}); its own loss runs whole",
+                              RuntimeWarning, stacklevel=5)
+                self._seq2seq_checked = False
+        return self._seq2seq_checked
 
     def _loss_buffers(self, batch, limit) -> int:
         """The chunked loss's two float32 chunk x vocabulary buffers (0 where it does not
@@ -510,7 +536,7 @@ class Step:
         chunk = self._chunk_tokens(batch, limit)
         if chunk is None:
             return 0
-        return 2 * 4 * chunk * causal_lm.head(self.model).out_features
+        return 2 * 4 * chunk * _lm_head(self.model, batch).out_features
 
     def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn, meter,
                     counted=None):
@@ -766,6 +792,16 @@ class Step:
 def _release(*attachments) -> None:
     for attachment in attachments:
         attachment.release()
+
+
+def _lm_head(model, batch):
+    """The output embeddings of a language model whose chunked loss covers it and this batch
+    (causal_lm, seq2seq_lm: a batch of the keys it passes on); None where neither does."""
+    if causal_lm.covers(model):
+        return causal_lm.head(model)
+    if seq2seq_lm.covers(model) and set(batch) <= seq2seq_lm.KEYS:
+        return seq2seq_lm.head(model)
+    return None
 
 
 def _no_cache(model, batch):

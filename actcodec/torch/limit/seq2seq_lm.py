@@ -1,0 +1,170 @@
+"""transformers' encoder-decoder language models' loss from `labels` (T5, BART and their kin)
+with the head and loss in chunks of tokens (actcodec.torch.limit.chunked_loss):
+`seq2seq_lm_loss(model, batch)` gives the loss `model(**batch).loss` gives, and the same
+gradients up to float summation order, without the labels x vocabulary logits.
+
+How: these models take no `logits_to_keep`, so their forward is not called; their encoder
+and decoder are (`get_encoder()`, `get_decoder()`), in the order the forward calls them
+(dropout draws the same random numbers), the decoder on `decoder_input_ids` or on the labels
+shifted right as the model shifts them (`prepare_decoder_input_ids_from_labels`). The head is
+the output embeddings (a Linear layer) with what these models do around it: T5's
+`scale_decoder_outputs` (the decoder's output times d_model ** -0.5) and BART's
+`final_logits_bias`. The loss: the cross-entropy of the labels, unshifted, ignore index
+-100, the mean over the targets.
+
+What it covers is checked, not assumed: the model is a transformers PreTrainedModel whose
+config says `is_encoder_decoder`, with an encoder, a decoder and Linear output embeddings,
+and a batch of input_ids, attention_mask, labels, decoder_input_ids and
+decoder_attention_mask only (and use_cache). At each call (or once, by the caller: `check`)
+the path above runs on a short prefix of the batch (its first row's first tokens) beside the
+model's own forward, without gradients and from the same random state: logits and loss must
+agree, or ValueError says what differs (a model that does something else around its head is
+refused, not silently mis-scaled).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+import contextlib
+import sys
+
+import torch
+
+from .chunked_loss import IGNORE_INDEX, check_labelled, chunked_cross_entropy
+
+KEYS = {"input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask",
+        "use_cache"}  # use_cache: this path keeps no cache, whatever it says
+PREFIX_TOKENS = 8  # the prefix each call checks the path on: source and labels
+
+
+def seq2seq_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None,
+                    checked: bool = False) -> torch.Tensor:
+    """`model(**batch).loss` of a transformers encoder-decoder LM (`*ForConditionalGeneration`
+    of T5's and BART's kinds), with the output projection and cross-entropy run
+    `chunk_tokens` targets at a time (see chunked_cross_entropy), the path checked on the
+    batch's prefix first (`check`) unless `checked` (the caller did, once: the prefix's
+    forward calls the model's blocks, which a profile's hooks would count). Returns the loss,
+    a 0-dim float32 tensor (float64 for a float64 model)."""
+    check_labelled(batch, "seq2seq_lm_loss")
+    if not checked:
+        check(model, batch)
+    return _loss(model, batch, chunk_tokens)
+
+
+def covers(model) -> bool:
+    """Whether seq2seq_lm_loss covers this model (its class and head; `check` checks the
+    path on a batch)."""
+    with contextlib.suppress(ValueError):
+        return _check_covered(model) is model
+    return False
+
+
+def head(model) -> torch.nn.Module:
+    """The output embeddings the loss runs in chunks."""
+    return model.get_output_embeddings()
+
+
+def _hidden(model, batch: Mapping) -> torch.Tensor:
+    """The decoder's last hidden states as the head reads them (T5's scale applied)."""
+    labels = batch["labels"]
+    decoder_ids = batch.get("decoder_input_ids")
+    if decoder_ids is None:
+        decoder_ids = model.prepare_decoder_input_ids_from_labels(labels=labels)
+    attention_mask = batch.get("attention_mask")
+    encoded = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=attention_mask)
+    hidden = model.get_decoder()(
+        input_ids=decoder_ids, attention_mask=batch.get("decoder_attention_mask"),
+        encoder_hidden_states=encoded[0], encoder_attention_mask=attention_mask,
+        use_cache=False)[0]
+    if getattr(model.config, "scale_decoder_outputs", False):
+        hidden = hidden * (model.config.d_model ** -0.5)
+    return hidden
+
+
+def _bias(model):
+    """The head's bias: its own, plus BART's final_logits_bias (a buffer of (1, vocab))."""
+    bias = head(model).bias
+    final = getattr(model, "final_logits_bias", None)
+    if isinstance(final, torch.Tensor):
+        final = final.reshape(-1)
+        bias = final if bias is None else bias + final
+    return bias
+
+
+def _loss(model, batch: Mapping, chunk_tokens) -> torch.Tensor:
+    hidden = _hidden(model, batch)
+    return chunked_cross_entropy(hidden, head(model).weight, batch["labels"].to(hidden.device),
+                                 bias=_bias(model), chunk_tokens=chunk_tokens,
+                                 ignore_index=IGNORE_INDEX)
+
+
+def _check_covered(model):
+    name = type(model).__name__
+    transformers = sys.modules.get("transformers")  # not imported: not one of its models
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
+        raise ValueError(f"seq2seq_lm_loss: {name} is not a transformers PreTrainedModel; for "
+                         f"a head of your own, use chunked_cross_entropy(hidden, weight, "
+                         f"labels, ...)")
+    if not getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"seq2seq_lm_loss: {name} is not an encoder-decoder; not covered")
+    for method in ("get_encoder", "get_decoder", "prepare_decoder_input_ids_from_labels"):
+        if not callable(getattr(model, method, None)):
+            raise ValueError(f"seq2seq_lm_loss: {name} has no {method}(); not covered")
+    if not isinstance(model.get_output_embeddings(), torch.nn.Linear):
+        raise ValueError(f"seq2seq_lm_loss: {name}'s output embeddings are not a "
+                         f"torch.nn.Linear; not covered")
+    return model
+
+
+def check(model, batch: Mapping) -> None:
+    """ValueError unless this path covers the model and the batch: its class and head
+    (covers), the batch's keys, and its logits and loss on the batch's first row's first
+    PREFIX_TOKENS source tokens and labels equal to the model's own (no gradients; each from
+    the same random state, which is then as it was: dropout draws alike, and none of the
+    step's are taken)."""
+    _check_covered(model)
+    others = set(batch) - KEYS
+    if others:
+        raise ValueError(f"seq2seq_lm_loss: the batch has {sorted(others)}, which this path "
+                         f"does not pass on; not covered (use model(**batch).loss)")
+    name = type(model).__name__
+    cut = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            value = value[:1, :PREFIX_TOKENS]
+        cut[key] = value
+    cut["labels"] = cut["labels"].clamp(min=0)  # targets all ignored: both losses NaN
+    for key in ("attention_mask", "decoder_attention_mask"):
+        if isinstance(cut.get(key), torch.Tensor):
+            cut[key] = torch.ones_like(cut[key])
+    device = cut["labels"].device
+    devices = [device] if device.type == "cuda" else []
+    with torch.no_grad():
+        with torch.random.fork_rng(devices=devices):
+            out = model(**{**cut, "use_cache": False})
+        with torch.random.fork_rng(devices=devices):
+            hidden = _hidden(model, cut)
+            weight, bias = head(model).weight, _bias(model)
+            ours = hidden @ weight.t() if bias is None else torch.addmm(
+                bias, hidden.reshape(-1, hidden.shape[-1]), weight.t()).reshape(
+                    *hidden.shape[:-1], -1)
+            loss = chunked_cross_entropy(hidden, weight, cut["labels"], bias=bias)
+        theirs = out["logits"] if isinstance(out, Mapping) else out[1]
+        if not isinstance(theirs, torch.Tensor) or theirs.shape != ours.shape:
+            raise ValueError(f"seq2seq_lm_loss: {name}'s logits have shape "
+                             f"{tuple(getattr(theirs, 'shape', ()))}, not {tuple(ours.shape)} "
+                             f"as its head over its decoder's output; not covered")
+        their_loss = out["loss"] if isinstance(out, Mapping) else out[0]
+        difference, size, loss_difference = torch.stack([
+            (ours.double() - theirs.double()).abs().max(), theirs.double().abs().max(),
+            (loss.double() - their_loss.double()).abs()]).tolist()
+    tolerance = max(1e-4, 4 * torch.finfo(hidden.dtype).eps) * max(1.0, size)
+    if not difference <= tolerance:
+        raise ValueError(f"seq2seq_lm_loss: {name}'s logits are not its output embeddings "
+                         f"applied to its decoder's output (with scale_decoder_outputs, "
+                         f"final_logits_bias as it has them): they differ by "
+                         f"{difference:.3g} (tolerance {tolerance:.3g}); not covered (use "
+                         f"model(**batch).loss)")
+    if not loss_difference <= tolerance:
+        raise ValueError(f"seq2seq_lm_loss: {name}'s loss is not the mean cross-entropy of "
+                         f"its labels (they differ by {loss_difference:.3g}); not covered "
+                         f"(use model(**batch).loss)")
