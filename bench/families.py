@@ -8,8 +8,10 @@ every step's peak RSS read from outside.
 Models: built from a config (random init, dropout off, nothing downloaded), 4 layers of
 width 256, 4 heads, an MLP of 1024 and a vocabulary of 8000, each family with its own
 attention (grouped or multi-query keys, ALiBi, rotary, parallel blocks); and Qwen2 in
-bfloat16. Batches: 8 x 512 tokens with the last third of every other row padded (attention
-mask 0, labels -100), and one sample of 2048 tokens; random token ids, seeded.
+bfloat16; and two encoder-decoders (T5, BART: as many decoder layers, labels of their own a
+quarter as long as the source). Batches: 8 x 512 tokens with the last third of every other
+row padded (attention mask 0, labels -100), and one sample of 2048 tokens; random token
+ids, seeded.
 
 Per family and batch, in fresh processes (bench/loop.py's worker harness: VmRSS read every
 millisecond from outside, per loop step, the first step's probes and the optimizer's step
@@ -69,7 +71,10 @@ FAMILIES = {
                {"hidden_dropout": 0.0, "attention_dropout": 0.0,
                 "new_decoder_architecture": False, "multi_query": True}),
     "bloom": ("BloomForCausalLM", "BloomConfig", {}),  # its own field names: build_model
+    "t5": ("T5ForConditionalGeneration", "T5Config", {}),  # encoder-decoders: build_model
+    "bart": ("BartForConditionalGeneration", "BartConfig", {}),
 }
+SEQ2SEQ = {"t5", "bart"}  # labels of their own, a quarter as long as the source
 
 
 def build_model(family: str, layers: int):
@@ -82,13 +87,24 @@ def build_model(family: str, layers: int):
     if family == "bloom":
         fields = {"hidden_size": 256, "n_layer": layers, "n_head": 4, "vocab_size": VOCAB,
                   "hidden_dropout": 0.0, "attention_dropout": 0.0}
+    if family == "t5":
+        fields = {"d_model": 256, "d_ff": 1024, "d_kv": 64, "num_heads": 4,
+                  "num_layers": layers, "num_decoder_layers": layers, "vocab_size": VOCAB,
+                  "dropout_rate": 0.0, "decoder_start_token_id": 0, "pad_token_id": 0}
+    if family == "bart":
+        fields = {"d_model": 256, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
+                  "encoder_layers": layers, "decoder_layers": layers,
+                  "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                  "vocab_size": VOCAB, "max_position_embeddings": 4096, "dropout": 0.0,
+                  "attention_dropout": 0.0, "activation_dropout": 0.0}
     torch.manual_seed(0)
     model = getattr(tf, model_class)(getattr(tf, config_class)(**fields))
     return model.to(torch.bfloat16) if family.endswith("_bf16") else model
 
 
-def batch(samples: int, tokens: int, seed: int = 1) -> dict:
-    """Seeded token ids; with several samples, every other row's last third padded."""
+def batch(samples: int, tokens: int, seed: int = 1, family: str = "") -> dict:
+    """Seeded token ids; with several samples, every other row's last third padded (an
+    encoder-decoder's labels, a quarter as long, too)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -96,8 +112,13 @@ def batch(samples: int, tokens: int, seed: int = 1) -> dict:
     mask = torch.ones(samples, tokens, dtype=torch.long)
     if samples > 1:
         mask[1::2, tokens - tokens // 3:] = 0
-    return {"input_ids": ids, "attention_mask": mask,
-            "labels": ids.masked_fill(mask == 0, -100)}
+    labels = ids.masked_fill(mask == 0, -100)
+    if family in SEQ2SEQ:
+        target = tokens // 4
+        labels = torch.randint(0, VOCAB, (samples, target), generator=gen)
+        if samples > 1:
+            labels[1::2, target - target // 3:] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def worker(family: str, config: str, limit, layers: int, shape: list, steps: int,
@@ -110,7 +131,7 @@ def worker(family: str, config: str, limit, layers: int, shape: list, steps: int
     os.close(fd)
     torch.set_num_threads(1)
     model = build_model(family, layers).train()
-    data = batch(*shape)
+    data = batch(*shape, family=family)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     step, refusal = None, ()
     if config == "step":
@@ -150,7 +171,7 @@ def cosine_worker(family: str, limit: int, layers: int, shape: list) -> None:
 
     torch.set_num_threads(1)
     model = build_model(family, layers).train()
-    data = batch(*shape)
+    data = batch(*shape, family=family)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # its state is planned for
     try:
         with act.Step(model, limit=limit, optimizer=opt) as step:
