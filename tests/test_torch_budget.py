@@ -94,6 +94,18 @@ def test_paged_out_payloads_come_back_exactly(monkeypatch):
     del loss
     gc.collect()
     assert ctx.limit.keeper.spill.live == 0 and ctx.limit.keeper.spill.end == 0  # the file emptied
+    # close() closes the file; entered again, the context pages out to a new one, and its
+    # step is the one a context left open makes
+    assert ctx.limit.keeper.spill.file is not None
+    ctx.close()
+    assert ctx.limit.keeper.spill.file is None
+    kept = compress_saved(Policy(bits=None, min_bytes=0), budget=1)
+    grads(model, x, kept)  # the same first step
+    want = grads(model, x, kept)
+    assert torch.equal(grads(model, x, ctx), want)
+    assert ctx.stats.spilled > 0 and ctx.limit.keeper.spill.file is not None
+    ctx.close()
+    kept.close()
 
 
 @pytest.mark.parametrize("make,inputs", MODELS, ids=["cnn", "transformer"])

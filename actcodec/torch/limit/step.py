@@ -284,6 +284,9 @@ class Step:
                 raise RuntimeError("Step.close() while a step is running: close it after")
             self._closed = True
         self._detach()
+        for ctx in self._contexts.values():
+            if callable(getattr(ctx, "close", None)):
+                ctx.close()  # a budget's spill file
         self._contexts.clear()
 
     def __enter__(self) -> "Step":

@@ -113,6 +113,12 @@ class compress_saved:
         else:
             self.limit.request(value)
 
+    def close(self) -> None:
+        """Closes the file a budget pages saves out to (between steps: entered again, the
+        context opens a new one when it next pages out)."""
+        if self.limit is not None:
+            self.limit.keeper.close()
+
     def __enter__(self):
         if self.allocator and _in_host_memory(self._model):
             allocators.ensure()
