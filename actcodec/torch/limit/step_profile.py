@@ -108,9 +108,6 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
     meter = meter if meter is not None else meters.ProcessMeter()
     out = Probe(samples, recompute)
     lengths = {length} if isinstance(length, int) else set(length or ())
-    # a shorter sequence's length may equal another dimension (labels cut to 64 tokens, heads
-    # of 64): one of the two must be the longest's
-    longest = max(lengths, default=None)
     if meter.device.type != "cpu":
         out.state.sync = meter.synchronize
     seen: set = set()
@@ -125,7 +122,7 @@ def probe(run_loss, params, samples: int, recompute=(), storage=None,
         nbytes = storage.nbytes()
         key = out.state.current
         out.saved[key] = out.saved.get(key, 0) + nbytes
-        if lengths and sum(d in lengths for d in t.shape) >= 2 and longest in t.shape:
+        if lengths and sum(d in lengths for d in t.shape) >= 2:
             out.square[key] = out.square.get(key, 0) + nbytes
         if out.state.local is not None:
             out.local[out.state.local] = out.local.get(out.state.local, 0) + nbytes
