@@ -215,7 +215,7 @@ class Step:
         self._contexts: dict = {}
         self._period_samples = 0  # samples of the micro-batch run last (see _run)
         self._weights_warned = False  # _check_weights warned already
-        self._seq2seq_checked = None  # _chunked_loss_holds's answer for an encoder-decoder
+        self._seq2seq_checked = None  # _seq2seq_holds's answer, once checked
         self._clocked = None  # (the device's clock of the last step, its plan): see _run
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
@@ -492,36 +492,37 @@ class Step:
 
     def _loss_fn(self, batch, limit):
         """The loss this step runs: the chunked head and loss for the default loss of a
-        covered causal LM under a limit (see chunk_loss), else the Step's loss_fn."""
-        chunk = self._chunk_tokens(batch, limit)
-        if chunk is None:
+        covered causal LM or encoder-decoder under a limit (see chunk_loss), else the Step's
+        loss_fn."""
+        chunked = self._chunked(batch, limit)
+        if chunked is None:
             return self.loss_fn
-        if causal_lm.covers(self.model):
+        kind, chunk = chunked
+        if kind is causal_lm:
             return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
         return lambda model, b: seq2seq_lm.seq2seq_lm_loss(model, b, chunk_tokens=chunk,
                                                            checked=True)
 
-    def _chunk_tokens(self, batch, limit) -> int | None:
-        """The chunked loss's chunk in tokens where this step runs it, else None."""
+    def _chunked(self, batch, limit):
+        """(the module whose chunked loss this step runs, causal_lm or seq2seq_lm, its chunk
+        in tokens) where it runs one, else None."""
         if limit is None or not self.chunk_loss or self.loss_fn is not mb.default_loss or \
                 not isinstance(batch, Mapping) or batch.get("labels") is None:
             return None
-        head = _lm_head(self.model, batch)
-        if head is None or not self._chunked_loss_holds(batch):
+        kind = _chunked_kind(self.model, batch)
+        if kind is None or (kind is seq2seq_lm and not self._seq2seq_holds(batch)):
             return None
-        vocab = head.out_features
+        vocab = kind.head(self.model).out_features
         logits = min(max(STEP_CHUNK_LOGITS_BYTES, int(limit * STEP_CHUNK_LIMIT_SHARE)),
                      chunked_loss.CHUNK_LOGITS_BYTES)
-        return chunked_loss.default_chunk_tokens(vocab, logits)
+        return kind, chunked_loss.default_chunk_tokens(vocab, logits)
 
-    def _chunked_loss_holds(self, batch) -> bool:
-        """Whether the chunked loss gives this model's: a causal LM's checks its head at each
-        call; an encoder-decoder's path is checked once per Step, on the first batch's
-        prefix (seq2seq_lm.check: not inside the loss, where a probe's hooks, and the block
-        measured alone, would take the prefix's forward for the step's); where it differs,
-        the model's own loss runs, with a RuntimeWarning."""
-        if causal_lm.covers(self.model):
-            return True
+    def _seq2seq_holds(self, batch) -> bool:
+        """Whether an encoder-decoder's chunked loss gives the model's (a causal LM's checks its
+        head at each call): checked once per Step, on the first batch's prefix
+        (seq2seq_lm.check: not inside the loss, where a probe's hooks, and the block measured
+        alone, would take the prefix's forward for the step's); where it differs, the model's
+        own loss runs, with a RuntimeWarning."""
         if self._seq2seq_checked is None:
             try:
                 seq2seq_lm.check(self.model, batch)
@@ -536,10 +537,11 @@ class Step:
     def _loss_buffers(self, batch, limit) -> int:
         """The chunked loss's two float32 chunk x vocabulary buffers (0 where it does not
         run): held by every step at least a chunk long, whatever its length."""
-        chunk = self._chunk_tokens(batch, limit)
-        if chunk is None:
+        chunked = self._chunked(batch, limit)
+        if chunked is None:
             return 0
-        return 2 * 4 * chunk * _lm_head(self.model, batch).out_features
+        kind, chunk = chunked
+        return 2 * 4 * chunk * kind.head(self.model).out_features
 
     def _run_pinned(self, batch, size, plan, limit: int, floor: int, seconds, loss_fn, meter,
                     counted=None):
@@ -797,13 +799,13 @@ def _release(*attachments) -> None:
         attachment.release()
 
 
-def _lm_head(model, batch):
-    """The output embeddings of a language model whose chunked loss covers it and this batch
-    (causal_lm, seq2seq_lm: a batch of the keys it passes on); None where neither does."""
+def _chunked_kind(model, batch):
+    """The module whose chunked loss covers this model and batch: causal_lm, or seq2seq_lm
+    (a batch of the keys it passes on); None where neither does."""
     if causal_lm.covers(model):
-        return causal_lm.head(model)
+        return causal_lm
     if seq2seq_lm.covers(model) and set(batch) <= seq2seq_lm.KEYS:
-        return seq2seq_lm.head(model)
+        return seq2seq_lm
     return None
 
 
