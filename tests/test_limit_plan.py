@@ -317,6 +317,38 @@ def test_planning_keeps_sequences_apart_from_samples_and_plans_them_unsplit():
     assert known.at(("sample", 600.0)).unit == "sample"
 
 
+def test_an_encoder_decoder_sample_of_shorter_labels_is_planned_from_a_longer_ones_profile():
+    """Each proportion of source to labels has its unit ("token 1:0.25"); a profile serves a
+    unit whose every share is at most its own (no more per token of the longest), so that a
+    dataset's samples of varying label lengths are not probed again each; planned and kept
+    as their own unit (a peak of short labels is no measure of long ones)."""
+    from actcodec.torch.limit import planning
+
+    assert planning.covers("token 1:0.25", "token 1:0.2")
+    assert planning.covers("token 1:1:0.25", "token 1:1:0.25")
+    assert not planning.covers("token 1:0.25", "token 1:0.3")
+    assert not planning.covers("token 1:0.25", "token 0.5:1")  # the labels the longest
+    assert not planning.covers("token 1:1:0.25", "token 1:0.25")  # other sequences
+    assert not planning.covers("token 1:0.25", "token") and not planning.covers(
+        "token", "token 1:0.25") and not planning.covers("sample", "token 1:0.25")
+    block = lp.Block(saved=1e4, inputs=1e3, forward=1e-6)
+    quarter = lp.Profile(batch=1024, fixed=1e6, work=0.0, rest=2e3, blocks=(block,),
+                         flat=2e6, least=100.0, split=False)
+    known = planning.Planning(exact=True)
+    known.add(("token 1:0.25", 1024), quarter)
+    known.add(("token 1:0.5", 1024), dataclasses.replace(quarter, rest=4e3))
+    assert not known.needs_probes(("token 1:0.2", 1000), 1e9)
+    assert known.needs_probes(("token 1:0.6", 1000), 1e9)
+    assert known.needs_probes(("token 1:0.2", 2048), 1e9)  # longer: probed
+    # the closest that covers: a fifth from the quarter's, a third from the half's
+    fifth = known.at(("token 1:0.2", 1000))
+    assert fifth.rest == 2e3 and fifth.unit == "token 1:0.2" and fifth.units == 1000
+    assert known.at(("token 1:0.3", 512)).rest == 4e3
+    plan = known.plan(1, ("token 1:0.2", 1000), False, 50e6, None)
+    assert plan is not None and known.profile.unit == "token 1:0.2"
+    assert lp.memory_key(known.profile, 1, (), "plain")[5] == "token 1:0.2"
+
+
 def test_a_profile_measured_near_its_size_carries_its_own_first_step_caution():
     """Profile.caution (a sequence's moments read at three quarters of it) replaces the
     guess for plans not yet run; a profile scaled to another length has the guess again."""

@@ -163,6 +163,35 @@ def test_an_encoder_decoder_sample_is_planned_along_its_sequences_and_gives_the_
     assert torch.equal(flat_grad(model), flat_grad(want))
 
 
+def test_encoder_decoder_samples_of_shorter_labels_are_not_probed_again(monkeypatch):
+    """A dataset's samples differ in their proportion of labels to source: one probed at a
+    quarter plans those of fewer labels (and a shorter source) without probing again; one
+    of more labels is probed on its own. Each step's gradient is plain PyTorch's."""
+    def t5():
+        torch.manual_seed(0)
+        return tf.T5ForConditionalGeneration(tf.T5Config(
+            d_model=32, d_ff=64, d_kv=16, num_heads=2, num_layers=2, num_decoder_layers=2,
+            vocab_size=VOCAB, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+
+    probed, real = [], step_profile.measure
+    monkeypatch.setattr(step_profile, "measure",
+                        lambda *a, **k: probed.append(a[3]) or real(*a, **k))
+    g = torch.Generator().manual_seed(1)
+    model, want = t5(), t5()
+    with act.Step(model, limit=GENEROUS, exact=True, chunk_loss=False) as step:
+        for source, labels in [(TOKENS, TOKENS // 4), (TOKENS, TOKENS // 5),
+                               (TOKENS - 16, TOKENS // 4 - 8), (TOKENS, TOKENS // 2)]:
+            batch = {"input_ids": torch.randint(1, VOCAB, (1, source), generator=g),
+                     "labels": torch.randint(1, VOCAB, (1, labels), generator=g)}
+            step(batch)
+            assert step.profile.unit == shape.sequence_unit(batch, 1)
+            want.zero_grad()
+            want(**batch).loss.backward()
+            assert torch.equal(flat_grad(model), flat_grad(want))
+            model.zero_grad()
+    assert len(probed) == 2, probed  # the first, and the one of half as many labels
+
+
 def test_a_batch_of_sequences_is_cut_along_its_tokens():
     """token_length: the length of any batch of token sequences (what a new longest batch's
     shorter probes cut, Step._probe_shorter); first_tokens with `size` cuts every (size, T)

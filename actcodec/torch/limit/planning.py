@@ -68,6 +68,35 @@ def stay(plan, last, profile: limit_plan.Profile, room_left: float,
     return plan if plan.seconds * SWITCH_GAIN < kept.seconds else kept
 
 
+def covers(measured: str, unit: str) -> bool:
+    """Whether a profile per `measured` unit (actcodec.torch.limit.shape.sequence_unit) serves
+    batches of `unit`: the same unit, or, along sequences of several lengths (an
+    encoder-decoder's source and labels), one of the same sequences whose every share of
+    the longest is at least as large (such a batch holds no more per token of its longest:
+    labels of a fifth of the source are planned from a profile of a quarter, not probed
+    again for each proportion a dataset has)."""
+    if measured == unit:
+        return True
+    have, want = _shares(measured), _shares(unit)
+    return have is not None and want is not None and len(have) == len(want) and \
+        all(a >= b for a, b in zip(have, want))
+
+
+def _shares(unit: str):
+    """The sequences' shares of the longest in a unit of several lengths; None otherwise."""
+    kind, _, shares = unit.partition(" ")
+    if kind != "token" or not shares:
+        return None
+    try:
+        return tuple(float(x) for x in shares.split(":"))
+    except ValueError:
+        return None
+
+
+def _shares_sum(unit: str) -> float:
+    return sum(_shares(unit) or ())
+
+
 class Planning:
     """A Step's knowledge: `profiles` measured, by shape (`(unit, units)`: ("sample",
     elements per sample) or ("token", a single sample's sequence length), see
@@ -92,12 +121,15 @@ class Planning:
         (limit_plan.scaled: an upper bound for what grows with a sequence's length); None
         before any profile of the unit."""
         unit, units = shape
-        known = [u for kind, u in self.profiles if kind == unit]
+        known = [(u, _shares_sum(kind), kind) for kind, u in self.profiles
+                 if covers(kind, unit)]
         if not known:
             return None
-        larger = [u for u in known if u >= units]
-        base = self.profiles[unit, min(larger) if larger else max(known)]
-        return limit_plan.scaled(base, units)
+        larger = [k for k in known if k[0] >= units]
+        u, _, kind = min(larger) if larger else max(known, key=lambda k: (k[0], -k[1]))
+        # planned, and its peaks kept, as its own unit: a peak measured for samples of
+        # shorter labels is no measure of the longer ones this profile was probed on
+        return dataclasses.replace(limit_plan.scaled(self.profiles[kind, u], units), unit=unit)
 
     def needs_probes(self, shape: tuple, room: float) -> bool:
         """Whether to probe the model at this shape: where no measured shape of its unit is
@@ -105,7 +137,7 @@ class Planning:
         the sequence's tokens, stored as they are): probes grow from small to large and stop
         before the limit; what is predicted not to fit is refused by the plan, unprobed."""
         unit, units = shape
-        if any(kind == unit and u >= units for kind, u in self.profiles):
+        if any(covers(kind, unit) and u >= units for kind, u in self.profiles):
             return False
         return self.probe_fits(shape, room)
 
