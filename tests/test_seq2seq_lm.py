@@ -74,6 +74,41 @@ def test_the_models_loss_and_gradients_with_the_head_in_chunks(name):
     assert (g - w).norm() / w.norm() < 1e-5
 
 
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_a_peft_model_of_adapters_gives_its_loss_and_gradients(name):
+    """LoRA (peft) on an encoder-decoder: the path runs the base model, whose layers hold the
+    adapters, and gives the PEFT model's loss and the adapters' gradients; a PEFT model of
+    prompt learning (virtual tokens its own forward adds) is not covered."""
+    peft = pytest.importorskip("peft")
+
+    def lora():
+        model = peft.get_peft_model(MODELS[name](), peft.LoraConfig(
+            r=4, target_modules=["q", "v"] if name == "t5" else ["q_proj", "v_proj"],
+            lora_dropout=0.1))
+        torch.manual_seed(7)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.data.normal_()  # zeros at init: make the adapters count
+        return model
+
+    b = batch()
+    want_model, got_model = lora(), lora()
+    torch.manual_seed(5)
+    want = want_model(**b).loss
+    want.backward()
+    assert seq2seq_lm.covers(got_model)
+    torch.manual_seed(5)
+    got = seq2seq_lm.seq2seq_lm_loss(got_model, b, chunk_tokens=16)
+    got.backward()
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    g, w = grads(got_model), grads(want_model)
+    assert g.numel() == w.numel() < sum(p.numel() for p in got_model.parameters())
+    assert F.cosine_similarity(g, w, dim=0) >= 0.99999
+    prompt = peft.get_peft_model(MODELS[name](), peft.PromptTuningConfig(
+        task_type="SEQ_2_SEQ_LM", num_virtual_tokens=4))
+    assert not seq2seq_lm.covers(prompt)
+
+
 def test_what_is_not_covered_is_said():
     gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
     assert not seq2seq_lm.covers(gpt2)  # a decoder only: causal_lm's

@@ -12,8 +12,9 @@ the output embeddings (a Linear layer) with what these models do around it: T5's
 `final_logits_bias`. The loss: the cross-entropy of the labels, unshifted, ignore index
 -100, the mean over the targets.
 
-What it covers is checked, not assumed: the model is a transformers PreTrainedModel whose
-config says `is_encoder_decoder`, with an encoder, a decoder and Linear output embeddings,
+What it covers is checked, not assumed: the model is a transformers PreTrainedModel (or a
+PEFT model of adapters in its layers, LoRA and such, around one) whose config says
+`is_encoder_decoder`, with an encoder, a decoder and Linear output embeddings,
 and a batch of input_ids, attention_mask, labels, decoder_input_ids and
 decoder_attention_mask only (and use_cache). At each call (or once, by the caller: `check`)
 the path above runs on a short prefix of the batch (its first row's first tokens) beside the
@@ -29,6 +30,7 @@ import sys
 
 import torch
 
+from . import wrapped
 from .chunked_loss import IGNORE_INDEX, check_labelled, chunked_cross_entropy
 
 KEYS = {"input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask",
@@ -54,17 +56,24 @@ def covers(model) -> bool:
     """Whether seq2seq_lm_loss covers this model (its class and head; `check` checks the
     path on a batch)."""
     with contextlib.suppress(ValueError):
-        return _check_covered(model) is model
+        return _check_covered(model) is not None
     return False
 
 
 def head(model) -> torch.nn.Module:
     """The output embeddings the loss runs in chunks."""
-    return model.get_output_embeddings()
+    return _base(model).get_output_embeddings()
+
+
+def _base(model):
+    """The model whose encoder, decoder and head the loss uses: the model, or a PEFT model's
+    base (its adapters are in the base's layers: wrapped.adapters_only)."""
+    return wrapped.inner(model) if wrapped.adapters_only(model) else model
 
 
 def _hidden(model, batch: Mapping) -> torch.Tensor:
     """The decoder's last hidden states as the head reads them (T5's scale applied)."""
+    model = _base(model)
     labels = batch["labels"]
     decoder_ids = batch.get("decoder_input_ids")
     if decoder_ids is None:
@@ -83,7 +92,7 @@ def _hidden(model, batch: Mapping) -> torch.Tensor:
 def _bias(model):
     """The head's bias: its own, plus BART's final_logits_bias (a buffer of (1, vocab))."""
     bias = head(model).bias
-    final = getattr(model, "final_logits_bias", None)
+    final = getattr(_base(model), "final_logits_bias", None)
     if isinstance(final, torch.Tensor):
         final = final.reshape(-1)
         bias = final if bias is None else bias + final
@@ -98,12 +107,15 @@ def _loss(model, batch: Mapping, chunk_tokens) -> torch.Tensor:
 
 
 def _check_covered(model):
+    """The model's _base, once its class and head are checked."""
     name = type(model).__name__
+    model = _base(model)
     transformers = sys.modules.get("transformers")  # not imported: not one of its models
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
-        raise ValueError(f"seq2seq_lm_loss: {name} is not a transformers PreTrainedModel; for "
-                         f"a head of your own, use chunked_cross_entropy(hidden, weight, "
-                         f"labels, ...)")
+        raise ValueError(f"seq2seq_lm_loss: {name} is not a transformers PreTrainedModel (a "
+                         f"PEFT model of prompt learning is not covered either); for a head "
+                         f"of your own, use chunked_cross_entropy(hidden, weight, labels, "
+                         f"...)")
     if not getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(f"seq2seq_lm_loss: {name} is not an encoder-decoder; not covered")
     for method in ("get_encoder", "get_decoder", "prepare_decoder_input_ids_from_labels"):
