@@ -349,25 +349,6 @@ def test_an_encoder_decoder_sample_of_shorter_labels_is_planned_from_a_longer_on
     assert lp.memory_key(known.profile, 1, (), "plain")[5] == "token 1:0.2"
 
 
-def test_a_profile_measured_near_its_size_carries_its_own_first_step_caution():
-    """Profile.caution (a sequence's moments read at three quarters of it) replaces the
-    guess for plans not yet run; a profile scaled to another length has the guess again."""
-    block = lp.Block(saved=1e4, inputs=1e3, forward=1e-6)
-    guessed = lp.Profile(batch=1024, fixed=1e6, work=0.0, rest=2e3, blocks=(block,),
-                         flat=2e6, least=100.0, split=False, units=1024, unit="token")
-    fitted = dataclasses.replace(guessed, caution=0.15)
-    measured = lp.Measured(caution=0.25)
-    model = lp.predict(guessed, 1, (), lp.PLAIN).peak
-    assert lp.predict(guessed, 1, (), lp.PLAIN, measured).peak == pytest.approx(model * 1.25)
-    assert lp.predict(fitted, 1, (), lp.PLAIN, measured).peak == pytest.approx(model * 1.15)
-    assert lp.scaled(fitted, 2048).caution is None and lp.scaled(fitted, 512).caution is None
-    assert lp.scaled(fitted, 1024).caution == 0.15
-    # a plan run is judged by its peak, whatever the caution
-    key = lp.memory_key(fitted, 1, (), "plain")
-    ran = measured.learn(key, 0.5 * model, model)
-    assert lp.predict(fitted, 1, (), lp.PLAIN, ran).peak == pytest.approx(0.5 * model)
-
-
 def test_a_shape_no_plan_has_run_at_keeps_the_guess_whatever_the_calibration():
     """A new longest batch lays its memory out first fit: a calibration from other shapes
     (here exact, 1.0) does not lower the caution there."""

@@ -119,10 +119,7 @@ Where the probes measured each block's moment in backward apart (Block.moment), 
 embedding's gradient), and each block's moment is its own (`phases`).
 `chunk_floor`: the bytes from which the step's allocator keeps a tensor out of the C heap
 (0: none): a chunk whose position-wise saves are smaller lands them among the heap's small
-allocations, whose holes the peak then carries (see chunk_counts). `caution`: where the
-probes measured the step nearly at its size (a sequence's moments read at three quarters
-of it, step_profile), the share of the model's peak a plan not yet run is trusted to
-instead of Measured's guess; None: the guess."""
+allocations, whose holes the peak then carries (see chunk_counts)."""
 
     batch: int
     fixed: float
@@ -140,7 +137,6 @@ instead of Measured's guess; None: the guess."""
     grads: float = 0.0
     flat: float | None = None
     chunk_floor: float = 0.0
-    caution: float | None = None
 
 
 def scaled(profile: Profile, units: float) -> Profile:
@@ -154,8 +150,7 @@ def scaled(profile: Profile, units: float) -> Profile:
 
     A token profile (`unit` "token", `units` the sequence length it was measured at) is per
     token: a shorter sequence costs at most as much per token, a longer one at most r times
-    as much (attention over r times the positions), and its time per token is kept. Either
-    way the first step's caution is the guess again (Profile.caution was for its size)."""
+    as much (attention over r times the positions), and its time per token is kept."""
     if units == profile.units or profile.units <= 0:
         return profile
     r = units / profile.units
@@ -163,8 +158,7 @@ def scaled(profile: Profile, units: float) -> Profile:
         f, t = max(1.0, r), 1.0
     else:
         f, t = (1.0 if r <= 1 else r * r), r
-    return replace(profile, units=units, caution=None, work=profile.work * f,
-                   rest=profile.rest * f,
+    return replace(profile, units=units, work=profile.work * f, rest=profile.rest * f,
                    least=profile.least * f, seconds=profile.seconds * t,
                    blocks=tuple(Block(b.saved * f, b.inputs * f, b.forward * t, b.local * f,
                                       b.local_inputs * f, b.local_forward * t,
@@ -304,13 +298,9 @@ class Measured:
         """What a plan's calibration is kept by: its micro-batch count and storage."""
         return key[0], key[2]
 
-    def peak(self, key: tuple, model: float, caution: float | None = None) -> float:
-        """The peak to trust for a plan of `key` whose model peak is `model`; `caution`, the
-        profile's own guess where it has one (Profile.caution)."""
+    def peak(self, key: tuple, model: float) -> float:
         if key in self.peaks:
             return self.peaks[key]
-        if caution is not None:
-            self = replace(self, caution=caution)
         kind = self.kind(key)
         if kind in self.worst:
             factor = max(0.0, self.worst[kind] - 1) + CALIBRATED_MARGIN
@@ -426,7 +416,7 @@ class Candidate:
         b = math.ceil(p.batch / micro_batches)
         grads = p.grads if micro_batches > 1 else 0.0
         peak = measured.peak(self.key(micro_batches),
-                             grads + max(a + b * c for a, c in self.lines), p.caution)
+                             grads + max(a + b * c for a, c in self.lines))
         seconds = p.batch * self.per_sample + micro_batches * p.per_micro_batch
         return Plan(micro_batches, self.recompute, self.storage.name, peak, seconds,
                     self.chunks)

@@ -27,11 +27,6 @@ from ..codecs.backend import decode, encode
 MIN_BYTES = 4096  # saves smaller than this stay as they are under every storage
 LOSSY = {"8bit": (8, 256), "4bit": (4, 256), "2bit": (2, 64)}  # Policy presets' bits, groups
 OFF_DEVICE = ("paged", "offload")  # storages that hold nothing where the step runs
-# The first step's caution (limit_plan.Profile.caution) where a sequence's moments were read
-# at three lengths up to three quarters of it (or five eighths): its model then held T5,
-# BART, Bloom and Falcon layouts' first steps at 0.85-1.08 of it; the guess (planning.
-# CAUTION) is for probes far smaller than the step.
-FITTED_CAUTION = 0.15
 
 
 class Moments:
@@ -335,18 +330,17 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             lean_two = counted(two.samples, every, peak_only=True, moments=not twice)
         # along a sequence, a third length: whether the lean peak and each moment grow faster
         # than a line (scores over every pair of positions, their gradients, T5's position
-        # bias): half as long again as the second, or a quarter, where that fits by the
-        # largest a square could grow to there (closer to the whole length, and long enough
-        # that its moments are the work's, not lazy state's), else half the first (its
-        # peak alone)
+        # bias): three quarters of the sequence, or five eighths, where that fits by the
+        # largest a square could grow to there (near the whole length, and far enough from
+        # the second that the peaks' noise is not multiplied: the moments, live bytes, then
+        # carry the square, not the lean peaks' curve), else half the first (its peak alone)
         curve, three = 0.0, None
         if not twice and lean_two is not None and k >= 2:
-            longer = next((n for n in (two.samples * 3 // 2, two.samples * 5 // 4)
+            longer = next((n for n in (batch * 3 // 4, batch * 5 // 8)
                            if two.samples < n < batch and fits(_largest_at(lean, lean_two, n))),
                           None)
             if longer is not None:
                 three = counted(longer, every, peak_only=True, moments=True)
-                curve = _curve(lean, lean_two, three, batch)
             else:
                 curve = _curve(counted(k // 2, every, peak_only=True), lean, lean_two, batch)
         # along a sequence, a block whose saves grow as the square of the length at both
@@ -459,10 +453,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         # with one lean length (the second did not fit), at least its growth per token above
         # what does not grow, which a peak growing faster than a line only exceeds
         if lean_two is not None:
-            top = lean_two if three is None else three  # curve is beyond the line to it
-            lean_at = top.peak + (batch - top.samples) * (lean_slope if three is None else
-                                                          _slope(lean_two, three)) + (
-                curve if alone is None or three is not None else 0.0)
+            lean_at = lean_two.peak + (batch - n) * lean_slope + (curve if alone is None else 0.0)
         elif lean is not None:
             lean_at = lean.peak + (batch - k) * max(0.0, lean.peak - fixed_guess) / k
         else:
@@ -505,8 +496,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
                               seconds=two.seconds / n, per_micro_batch=per_micro_batch,
                               storages=tuple(made), split=split, effect=effect,
                               least=least, grads=grads, flat=flat,
-                              chunk_floor=(meter or meters.ProcessMeter).heap_below,
-                              caution=FITTED_CAUTION if fitted else None)
+                              chunk_floor=(meter or meters.ProcessMeter).heap_below)
 
 
 def _along(p: Probe, fixed: float, tokens: int) -> float:
@@ -528,11 +518,6 @@ def _largest_at(low: Probe, high: Probe, size: int) -> float:
     c = slope / (n1 + n2)
     bound = high.peak + slope * (size - n2) + c * (size - n1) * (size - n2)
     return bound if low.peak - slope * n1 + c * n1 * n2 >= 0 else max(bound, squared)
-
-
-def _slope(low: Probe, high: Probe) -> float:
-    """Bytes per sample from one probe's peak to a longer one's (none where it falls)."""
-    return max(0.0, (high.peak - low.peak) / (high.samples - low.samples))
 
 
 def _curve(low: Probe, mid: Probe, high: Probe, size: int) -> float:
