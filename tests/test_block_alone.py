@@ -1,8 +1,6 @@
 """A repeated block measured alone at a long sample's whole length (limit/block_alone.py):
 eager attention's scores over every pair of positions grow as the square of the length,
 which the probes' lines through a quarter and a half of the sequence under-measure."""
-import dataclasses
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -122,16 +120,6 @@ def test_what_a_block_measured_alone_adds_goes_to_the_blocks_that_save_squares()
     # where the probes' lines already say as much, nothing changes
     assert block_alone.corrected(found, {0: 7}, 0, block_alone.Alone(1000, 5e4, 1e5, 1e5)) \
         == found
-    # where three lengths measured the moments (square included, with the model's own
-    # inputs), only the saves are corrected, and each moment's own part beyond them keeps
-    # what it measured (20 a token, now inside the 50 more saved)
-    fitted = block_alone.corrected(found, {0: 7, 1: 3}, 0, alone, moments_fitted=True)
-    assert fitted[0].saved == fitted[1].saved == 150.0
-    assert fitted[0].moment_least == fitted[1].moment_least == 0.0
-    assert fitted[2] == block
-    wide = dataclasses.replace(block, moment_least=80.0)
-    assert block_alone.corrected([wide], {0: 7}, 0, alone, moments_fitted=True)[0] == \
-        dataclasses.replace(block, saved=150.0, moment_least=30.0)
 
 
 def test_the_profile_of_a_long_sample_holds_what_its_blocks_measure_alone():

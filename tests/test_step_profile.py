@@ -235,59 +235,6 @@ def test_backwards_moments_are_lines_through_the_two_lean_probes():
     assert step_profile._moment_lines([block, block], 20.0, low, high) is None
 
 
-def test_a_third_lean_length_makes_each_moment_meet_its_square_at_the_whole_length():
-    """Moments that grow as the square of the length (scores, their gradients, T5's position
-    bias): with a third lean probe each line is made steeper to meet, at the whole length,
-    the parabola through all three; a line through the first two fell 25% short of a T5's
-    encoder moments at 2048 tokens. Every line stays above the parabola at shorter lengths."""
-    from actcodec.torch.limit import limit_plan as lp
-
-    def grows(t):  # a moment's live bytes: a constant, a line and a square
-        return 3e4 + 40.0 * t + 0.05 * t * t
-
-    block = lp.Block(saved=30.0, inputs=4.0, forward=1e-6)
-    probes = [lean_probe(t, (grows(t), grows(t)), grows(t) / 2, grows(t)) for t in (512, 1024, 1536)]
-    found, (flat, least) = step_profile._moment_lines([block, block], 2.0, *probes, 2048)
-    held = lp.moments_bytes(found, 2.0, (0, 1))
-    for i, b in enumerate(found):
-        at = lambda t: b.moment + t * (b.moment_least + held[i])  # noqa: E731
-        assert at(2048) == pytest.approx(grows(2048))
-        assert all(at(t) >= grows(t) for t in (256, 512, 1024, 1536))
-    assert flat + 2048 * least == pytest.approx(grows(2048) / 2)
-    # two probes alone: the line through them, well short at the whole length
-    two, _ = step_profile._moment_lines([block, block], 2.0, *probes[:2])
-    assert two[0].moment + 2048 * (two[0].moment_least + held[0]) < 0.9 * grows(2048)
-    # a third probe no longer than the second, or at the whole length, is not used
-    assert step_profile._moment_lines([block, block], 2.0, probes[0], probes[1], probes[1],
-                                      2048)[0] == two
-    assert step_profile._moment_lines([block, block], 2.0, *probes, 1536)[0] == two
-
-
-@pytest.mark.parametrize("a,b,c", [(0, 0, 1), (100, 3, 0.5), (5e4, 0, 0.01), (10, 200, 0),
-                                   (0, 1, 1e-3)])
-def test_the_third_lean_probe_is_sized_by_the_most_a_square_could_grow_to(a, b, c):
-    """The third lean length runs where it fits by the largest peak any a + b*n + c*n*n
-    (a, b, c >= 0) through the first two could reach there: never below the truth, and
-    tighter than the larger peak scaled as the square (a T5's 1536 tokens, 304 MiB: 337
-    against 404)."""
-    def probe(tokens, peak):
-        p = step_profile.Probe(tokens)
-        p.peak = peak
-        return p
-
-    def grows(n):
-        return a + b * n + c * n * n
-
-    low, high = probe(512, grows(512)), probe(1024, grows(1024))
-    for n in (1280, 1536, 2048):
-        bound = step_profile._largest_at(low, high, n)
-        assert grows(n) * (1 - 1e-9) <= bound <= grows(1024) * (n / 1024) ** 2 * (1 + 1e-9)
-    t5 = step_profile._largest_at(probe(512, 84.6 * MiB), probe(1024, 179.4 * MiB), 1536)
-    assert 304 * MiB < t5 < 340 * MiB
-    # peaks that fall: the larger scaled as the square
-    assert step_profile._largest_at(probe(512, 9.0), probe(1024, 8.0), 2048) == 36.0
-
-
 def test_a_peak_growing_as_the_square_of_the_length_is_extrapolated_as_one():
     """Along a sequence, three lean probes tell a square's growth from a line's: _curve adds
     at the whole length exactly what the square grows beyond the line through the two

@@ -1,8 +1,7 @@
 """One repeated block run on its own at a long sample's whole length.
 
-Along a sequence the probes run on a quarter and a half of it (those that recompute every
-block on three quarters too, where that fits), and every per-token save is a line through
-the first two lengths. A block that saves tensors over every pair of
+Along a sequence the probes run on a quarter and a half of it at most, and every per-token
+cost is a line through those lengths. A block that saves tensors over every pair of
 positions (eager attention's heads x T x T scores, Bloom's ALiBi) grows as the square of the
 length, in its saves and in its backward's working memory, so the line under-measures both at
 the whole length (a Bloom at 1 x 2048 peaked 150 MiB above a plan predicted from probes of
@@ -141,17 +140,13 @@ def _squared(alone: Alone, tokens: int) -> Alone:
                  bound=tokens != alone.tokens)
 
 
-def corrected(found: list, square: dict, index: int, alone: Alone,
-              moments_fitted: bool = False) -> list:
+def corrected(found: list, square: dict, index: int, alone: Alone) -> list:
     """The blocks (limit_plan.Block, per token at alone.tokens) with what block `index`
     measured alone added where the probes' lines fell short: its saves, and its moment's own
     part (its saves and backward's working memory, Block.moment_least); every block saving
     square tensors gets the same shortfall (the repeated blocks are alike; a save they share,
     a mask, is counted in the first only, so their square bytes are no measure of theirs).
-    `index`: the block with the most square bytes. `moments_fitted`: the moments were read
-    from three lengths, square included (step_profile._moment_lines), at the whole length
-    with the model's own inputs (their gradients too, which a block alone does not take):
-    only the saves are corrected, each moment's own part kept at what it measured."""
+    `index`: the block with the most square bytes."""
     if index >= len(found) or not square.get(index):
         return found
     tokens, own = alone.tokens, found[index]
@@ -159,10 +154,9 @@ def corrected(found: list, square: dict, index: int, alone: Alone,
     short_work = max(0.0, alone.peak / tokens - (own.saved + short_saves) - own.moment_least)
     out = []
     for i, block in enumerate(found):
-        least = max(0.0, block.moment_least - short_saves) if moments_fitted else \
-            block.moment_least + short_work
         out.append(dataclasses.replace(block, saved=block.saved + short_saves,
-                                       moment_least=least) if square.get(i) else block)
+                                       moment_least=block.moment_least + short_work)
+                   if square.get(i) else block)
     return out
 
 

@@ -232,11 +232,10 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
     Along a sequence (one sample planned by its tokens), `batch` is its tokens, `run_loss(n)`
     runs its first n, and `first` is a quarter of them: probes of a quarter and a half of
     the sequence (of an eighth and a quarter, or shorter still, where a quarter would not fit
-    in the room), so that its per-token costs come from two lengths, and one lean probe of
-    three quarters (or five eighths; where neither fits, of an eighth) for what grows as
-    the square of the length. There each probe runs once after one warm-up, and the paged
-    probes only where recomputing every block would not fit by the lean probe (else paging
-    is not offered): the first step, probes included, takes about three plain steps. `fixed_bytes`: what a probe there holds beside
+    in the room), so that its per-token costs come from two lengths. There each probe runs
+    once after one warm-up, and the paged probes only where recomputing every block would
+    not fit by the lean probe (else paging is not offered): the first step, probes
+    included, takes about three plain steps. `fixed_bytes`: what a probe there holds beside
     the gradients that does not grow with its tokens (the chunked loss's buffers), so that
     the half is run where it fits. `meter`: where memory is measured (probe); `paged`: the
     context that holds nothing on the device (paged out; on CUDA, offloaded: OFF_DEVICE).
@@ -328,21 +327,11 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         if slopes and every and not beyond and two.samples > k and fits(
                 2 * lean.peak - min(lean.peak, one.peak)):
             lean_two = counted(two.samples, every, peak_only=True, moments=not twice)
-        # along a sequence, a third length: whether the lean peak and each moment grow faster
-        # than a line (scores over every pair of positions, their gradients, T5's position
-        # bias): three quarters of the sequence, or five eighths, where that fits by the
-        # largest a square could grow to there (near the whole length, and far enough from
-        # the second that the peaks' noise is not multiplied: the moments, live bytes, then
-        # carry the square, not the lean peaks' curve), else half the first (its peak alone)
-        curve, three = 0.0, None
+        # along a sequence, a third length below the two: whether the lean peak grows faster
+        # than its line (scores over every pair of positions, where attention keeps them)
+        curve = 0.0
         if not twice and lean_two is not None and k >= 2:
-            longer = next((n for n in (batch * 3 // 4, batch * 5 // 8)
-                           if two.samples < n < batch and fits(_largest_at(lean, lean_two, n))),
-                          None)
-            if longer is not None:
-                three = counted(longer, every, peak_only=True, moments=True)
-            else:
-                curve = _curve(counted(k // 2, every, peak_only=True), lean, lean_two, batch)
+            curve = _curve(counted(k // 2, every, peak_only=True), lean, lean_two, batch)
         # along a sequence, a block whose saves grow as the square of the length at both
         # sizes is run alone at the whole length (block_alone): the lines under-measure it
         square = {i: b for i, b in two.square.items() if i is not None and one.square.get(i)}
@@ -422,7 +411,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             effect = min(1.0, max(0.1, (slope - lean_slope) / cut))
         elif cut > 0:
             effect = min(1.0, max(0.1, (one.peak - lean.peak) / (k * cut)))
-    flat, fitted = None, False
+    flat = None
     if not twice and beyond:  # along a sequence, what a quarter of it holds beyond the
         fixed = min(one.peak, fixed_guess)  # gradients grows with it
         least = (one.peak - fixed) / k
@@ -434,9 +423,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
         fixed = max(0.0, min(one.peak - k * sum(saved.values()),
                              two.peak - n * sum(saved.values())))
         work, effect = 0.0, 1.0
-        moments = _moment_lines(found, saved.get(None, 0.0), lean, lean_two,
-                                three if three is not None and three.moments else None, batch)
-        fitted = moments is not None and three is not None and three.moments is not None
+        moments = _moment_lines(found, saved.get(None, 0.0), lean, lean_two)
         if moments is not None:
             # backward's moments apart: each block's, and the rest (the head and loss, the
             # embedding's gradient), each a line through the two lean probes
@@ -460,9 +447,7 @@ def measure(run_loss, model, blocks: list, batch: int, storages: tuple, split: b
             lean_at = 0.0
         least = max(least, (lean_at - flat) / batch)
         if alone is not None:
-            # where three lengths measured the moments, their square is in them already
-            found = block_alone.corrected(found, square, alone_at, alone,
-                                          moments_fitted=fitted)
+            found = block_alone.corrected(found, square, alone_at, alone)
             if moments is None:
                 least = max(least, block_alone.working(found, alone_at, alone))
     made = []
@@ -505,21 +490,6 @@ def _along(p: Probe, fixed: float, tokens: int) -> float:
     return fixed + max(0.0, p.peak - fixed) * tokens / p.samples
 
 
-def _largest_at(low: Probe, high: Probe, size: int) -> float:
-    """The largest peak at `size` (beyond both probes) of a + b*n + c*n*n, with a, b, c >= 0,
-    through the two probes' peaks: the line through them, and the square's most (b = 0).
-    Where the peaks fall, or rise faster than such a polynomial can, the larger scaled as the
-    square."""
-    n1, n2 = low.samples, high.samples
-    slope = (high.peak - low.peak) / (n2 - n1)
-    squared = max(low.peak, high.peak) * (size / n2) ** 2
-    if slope < 0:
-        return squared
-    c = slope / (n1 + n2)
-    bound = high.peak + slope * (size - n2) + c * (size - n1) * (size - n2)
-    return bound if low.peak - slope * n1 + c * n1 * n2 >= 0 else max(bound, squared)
-
-
 def _curve(low: Probe, mid: Probe, high: Probe, size: int) -> float:
     """Bytes a peak growing as the square of the length (the second difference of three
     probes' peaks) adds at `size` beyond the line through the two larger ones; 0 where it
@@ -527,71 +497,44 @@ def _curve(low: Probe, mid: Probe, high: Probe, size: int) -> float:
     the peaks differ by less than their noise (a layout, a lazy buffer), which the square,
     read at a length many times theirs, would multiply (a BART's at 1 x 2048 tokens, from
     probes of 64, 128 and 256 peaking 6 MiB out of order, added 4.6 GiB)."""
-    return _beyond_line(((low.samples, low.peak), (mid.samples, mid.peak),
-                         (high.samples, high.peak)), size)
-
-
-def _beyond_line(points, size: int) -> float:
-    """What the parabola through three (length, bytes) points, in order of length, adds at
-    `size` beyond the line through the two longer ones (_curve)."""
-    (x0, y0), (x1, y1), (x2, y2) = points
-    if not x0 < x1 < x2 < size or not y0 <= y1 <= y2:
+    x0, x1, x2 = low.samples, mid.samples, high.samples
+    if not x0 < x1 < x2 < size or not low.peak <= mid.peak <= high.peak:
         return 0.0
-    square = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)
+    square = ((high.peak - mid.peak) / (x2 - x1) - (mid.peak - low.peak) / (x1 - x0)) / (x2 - x0)
     return max(0.0, square * (size - x1) * (size - x2))
 
 
-def _line(low: int, high: int, small: float, large: float, counted: float = 0.0):
+def _line(low: Probe, high: Probe, small: float, large: float, counted: float = 0.0):
     """(constant, per sample beyond `counted`) of a line through a moment's peaks `small` at
-    `low` samples and `large` at `high`: where it grows by less than the bytes it is
+    `low`'s samples and `large` at `high`'s: where it grows by less than the bytes it is
     counted to hold per sample, it is taken to grow by those, through the larger probe's
     peak (what extrapolates up from it is then at least that)."""
-    slope = (large - small) / (high - low)
+    slope = (large - small) / (high.samples - low.samples)
     beyond = max(0.0, slope - counted)
-    return max(0.0, large - high * (counted + beyond)), beyond
+    return max(0.0, large - high.samples * (counted + beyond)), beyond
 
 
-def _moment_lines(found: list, rest: float, lean: Probe | None, lean_two: Probe | None,
-                  three: Probe | None = None, size: int = 0):
+def _moment_lines(found: list, rest: float, lean: Probe | None, lean_two: Probe | None):
     """The blocks with their moments in backward (Block.moment) and (constant, per sample)
     of the moments outside them, from the two lean probes (every block recomputed); None
-    where those did not tell every block's moment apart. With a third, longer lean probe
-    (`three`), each line is made steeper to meet, at `size` (the whole length), the parabola
-    through all three: a moment holding scores over every pair of positions grows as the
-    square of the length, which a line through two shorter probes under-measures there."""
-    probes = [p for p in (lean, lean_two, three) if p is not None]
-    if not found or lean is None or lean_two is None or \
-            lean_two.samples <= lean.samples or any(p.moments is None for p in probes) or \
-            any(i not in p.moments.blocks for p in probes for i in range(len(found))):
+    where those did not tell every block's moment apart."""
+    if not found or lean is None or lean_two is None or lean.moments is None or \
+            lean_two.moments is None or lean_two.samples <= lean.samples:
         return None
-    if three is not None and not lean_two.samples < three.samples < size:
-        three = None
-        probes = probes[:2]
+    a, b = lean.moments, lean_two.moments
+    if any(i not in a.blocks or i not in b.blocks for i in range(len(found))):
+        return None
     # the moments are live bytes; what is resident beyond them at a peak (the heap's free
     # chunks, pages a first-fit layout left between blocks) is each probe's peak RSS over
-    # its largest moment, the largest of them added to every moment
+    # its largest moment, the larger of the two added to every moment
     over = max(0.0, *(p.peak - max(p.moments.outside, *p.moments.blocks.values())
-                      for p in probes))
+                      for p in (lean, lean_two)))
     held = limit_plan.moments_bytes(found, rest, tuple(range(len(found))))
-
-    def line(moment_of, counted: float = 0.0):
-        ys = [moment_of(p.moments) for p in probes]
-        constant, beyond = _line(lean.samples, lean_two.samples, ys[0], ys[1], counted)
-        if three is None:
-            return constant, beyond
-        # steeper, to meet the parabola at the whole length: above it at every length up
-        # to there (where it bends up, as a square does), so a shorter sample planned from
-        # this profile is bounded too
-        at = ys[2] + (size - three.samples) * (ys[2] - ys[1]) / (
-            three.samples - lean_two.samples) + _beyond_line(
-            [(p.samples, y) for p, y in zip(probes, ys)], size)
-        return constant, beyond + max(0.0, at - constant - size * (counted + beyond)) / size
-
     out = []
     for i, block in enumerate(found):
-        moment, least = line(lambda m: m.blocks[i], held[i])
+        moment, least = _line(lean, lean_two, a.blocks[i], b.blocks[i], held[i])
         out.append(dataclasses.replace(block, moment=moment + over, moment_least=least))
-    flat, least = line(lambda m: m.outside)
+    flat, least = _line(lean, lean_two, a.outside, b.outside)
     return out, (flat + over, least)
 
 
