@@ -87,19 +87,13 @@ def covers(model) -> bool:
 
 def head(model) -> torch.nn.Module:
     """The output embeddings the loss runs in chunks."""
-    return _base(model).get_output_embeddings()
-
-
-def _base(model):
-    """The model whose decoder and head the loss uses: the model, or a PEFT model's base (a
-    DistributedDataParallel is not unwrapped: not covered)."""
-    return wrapped.inner(model) if wrapped.adapters_only(model) else model
+    return wrapped.adapted(model).get_output_embeddings()
 
 
 def _check_covered(model):
-    """The model's _base, once what the loss covers is checked."""
+    """wrapped.adapted(model), once what the loss covers is checked."""
     name = type(model).__name__
-    model = _base(model)
+    model = wrapped.adapted(model)
     transformers = sys.modules.get("transformers")  # not imported: not one of its models
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"causal_lm_loss: {name} is not a transformers PreTrainedModel (a "

@@ -93,10 +93,6 @@ def _shares(unit: str):
         return None
 
 
-def _shares_sum(unit: str) -> float:
-    return sum(_shares(unit) or ())
-
-
 class Planning:
     """A Step's knowledge: `profiles` measured, by shape (`(unit, units)`: ("sample",
     elements per sample) or ("token", a single sample's sequence length), see
@@ -121,7 +117,7 @@ class Planning:
         (limit_plan.scaled: an upper bound for what grows with a sequence's length); None
         before any profile of the unit."""
         unit, units = shape
-        known = [(u, _shares_sum(kind), kind) for kind, u in self.profiles
+        known = [(u, sum(_shares(kind) or ()), kind) for kind, u in self.profiles
                  if covers(kind, unit)]
         if not known:
             return None

@@ -62,18 +62,12 @@ def covers(model) -> bool:
 
 def head(model) -> torch.nn.Module:
     """The output embeddings the loss runs in chunks."""
-    return _base(model).get_output_embeddings()
-
-
-def _base(model):
-    """The model whose encoder, decoder and head the loss uses: the model, or a PEFT model's
-    base (its adapters are in the base's layers: wrapped.adapters_only)."""
-    return wrapped.inner(model) if wrapped.adapters_only(model) else model
+    return wrapped.adapted(model).get_output_embeddings()
 
 
 def _hidden(model, batch: Mapping) -> torch.Tensor:
     """The decoder's last hidden states as the head reads them (T5's scale applied)."""
-    model = _base(model)
+    model = wrapped.adapted(model)
     labels = batch["labels"]
     decoder_ids = batch.get("decoder_input_ids")
     if decoder_ids is None:
@@ -92,7 +86,7 @@ def _hidden(model, batch: Mapping) -> torch.Tensor:
 def _bias(model):
     """The head's bias: its own, plus BART's final_logits_bias (a buffer of (1, vocab))."""
     bias = head(model).bias
-    final = getattr(_base(model), "final_logits_bias", None)
+    final = getattr(wrapped.adapted(model), "final_logits_bias", None)
     if isinstance(final, torch.Tensor):
         final = final.reshape(-1)
         bias = final if bias is None else bias + final
@@ -107,9 +101,9 @@ def _loss(model, batch: Mapping, chunk_tokens) -> torch.Tensor:
 
 
 def _check_covered(model):
-    """The model's _base, once its class and head are checked."""
+    """wrapped.adapted(model), once its class and head are checked."""
     name = type(model).__name__
-    model = _base(model)
+    model = wrapped.adapted(model)
     transformers = sys.modules.get("transformers")  # not imported: not one of its models
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         raise ValueError(f"seq2seq_lm_loss: {name} is not a transformers PreTrainedModel (a "

@@ -30,6 +30,13 @@ def inner(model):
             return model
 
 
+def adapted(model):
+    """The model whose layers and head a loss of its own runs: `model`, or, for a PEFT model
+    whose adapters change layers only, its base (the adapters are in the base's layers; a
+    DistributedDataParallel is not unwrapped: its forward is what synchronizes)."""
+    return inner(model) if adapters_only(model) else model
+
+
 def compiled(model) -> bool:
     """Whether `model` is torch.compile's module around another (torch._dynamo's
     OptimizedModule; not imported here, as importing it is slow)."""
