@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import inspect
-import sys
 
 import torch
 
-from .chunked_loss import IGNORE_INDEX, check_labelled, chunked_cross_entropy
+from .chunked_loss import (IGNORE_INDEX, check_labelled, chunked_cross_entropy,
+                           transformers_model)
 from .loss_weights import shifts_labels
 from . import wrapped
 
@@ -93,13 +93,7 @@ def head(model) -> torch.nn.Module:
 def _check_covered(model):
     """wrapped.adapted(model), once what the loss covers is checked."""
     name = type(model).__name__
-    model = wrapped.adapted(model)
-    transformers = sys.modules.get("transformers")  # not imported: not one of its models
-    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
-        raise ValueError(f"causal_lm_loss: {name} is not a transformers PreTrainedModel (a "
-                         f"wrapped one, DistributedDataParallel or a PEFT model of prompt "
-                         f"learning, is not covered either); for a head of your own, use "
-                         f"chunked_cross_entropy(hidden, weight, labels, ...)")
+    model = transformers_model(model, "causal_lm_loss")
     if "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
         raise ValueError(f"causal_lm_loss: {name}.forward takes no logits_to_keep, so it would "
                          f"compute the full logits; not covered")

@@ -40,10 +40,13 @@ from collections.abc import Mapping
 import dataclasses
 import math
 import numbers
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+from . import wrapped
 
 IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy skip
 # The default chunk: this many bytes of float32 logits (512 tokens at a 32k vocabulary). Each
@@ -58,6 +61,22 @@ def default_chunk_tokens(vocab_size: int, logits_bytes: int = CHUNK_LOGITS_BYTES
     """The default chunk: as many tokens as make `logits_bytes` of float32 logits (512
     tokens at a 32k vocabulary by default), at least one."""
     return max(1, logits_bytes // (4 * vocab_size))
+
+
+def transformers_model(model, caller: str):
+    """The transformers model a chunked language-model loss runs (wrapped.adapted: a PEFT
+    model of layer adapters unwrapped); ValueError, naming `caller`, where it is not one."""
+    from . import wrapped
+
+    name = type(model).__name__
+    model = wrapped.adapted(model)
+    transformers = sys.modules.get("transformers")  # not imported: not one of its models
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
+        raise ValueError(f"{caller}: {name} is not a transformers PreTrainedModel (a wrapped "
+                         f"one, DistributedDataParallel or a PEFT model of prompt learning, "
+                         f"is not covered either); for a head of your own, use "
+                         f"chunked_cross_entropy(hidden, weight, labels, ...)")
+    return model
 
 
 def check_labelled(batch, caller: str) -> None:

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import contextlib
-import sys
 
 import torch
 
 from . import wrapped
-from .chunked_loss import IGNORE_INDEX, check_labelled, chunked_cross_entropy
+from .chunked_loss import (IGNORE_INDEX, check_labelled, chunked_cross_entropy,
+                           transformers_model)
 
 KEYS = {"input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask",
         "use_cache"}  # use_cache: this path keeps no cache, whatever it says
@@ -103,13 +103,7 @@ def _loss(model, batch: Mapping, chunk_tokens) -> torch.Tensor:
 def _check_covered(model):
     """wrapped.adapted(model), once its class and head are checked."""
     name = type(model).__name__
-    model = wrapped.adapted(model)
-    transformers = sys.modules.get("transformers")  # not imported: not one of its models
-    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
-        raise ValueError(f"seq2seq_lm_loss: {name} is not a transformers PreTrainedModel (a "
-                         f"PEFT model of prompt learning is not covered either); for a head "
-                         f"of your own, use chunked_cross_entropy(hidden, weight, labels, "
-                         f"...)")
+    model = transformers_model(model, "seq2seq_lm_loss")
     if not getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(f"seq2seq_lm_loss: {name} is not an encoder-decoder; not covered")
     for method in ("get_encoder", "get_decoder", "prepare_decoder_input_ids_from_labels"):
