@@ -463,3 +463,28 @@ def test_a_step_on_a_device_clock_hands_its_times_to_the_next_steps_plan(monkeyp
     step(x)
     assert learnt and learnt[0][0] == step.plan
     assert set(learnt[0][1]) == {0, 1, 2, "step"}
+
+
+def test_a_fresh_probe_does_not_count_the_pages_a_probe_before_it_freed():
+    # a probe's large tensors freed below one it left live (lazy state: a cache, a mask) stay
+    # mapped in the store; a probe that starts fresh gives them back, or its peak, read as
+    # RSS above the live bytes it started from, would count them (a Gemma 2's lean probes at
+    # 256 to 1024 tokens each read 312 MiB, its largest moment being 100)
+    from actcodec import store as stores
+    from actcodec.torch.limit import step_profile
+    from actcodec.torch.save import allocator as allocators
+
+    allocators.ensure()
+    if not allocators.installed():
+        pytest.skip("actcodec's allocator could not be built here")
+    freed = torch.ones(64 * MiB // 4)  # from the store, its pages touched
+    kept = torch.ones(2 * MiB // 4)    # above it
+    del freed
+    stores.new_step(None)
+    stores.new_step(None)
+    model = small_model()
+    x = torch.randn(16, 64)
+    out = step_profile.probe(lambda n: mse(model, x[:n]), list(model.parameters()), 8,
+                             fresh=True, meter=meters.ProcessMeter(), peak_only=True)
+    assert out.peak < 32 * MiB, out.peak / MiB
+    del kept

@@ -96,6 +96,8 @@ class ProcessMeter:
         stores.new_step(None)
         if fresh:  # the store's pages kept from the probe before go back first
             stores.new_step(None)
+            for store in stores.made():
+                store.give_back_free()
 
     def synchronize(self) -> None:
         pass
