@@ -6,8 +6,9 @@ samples this process's RSS from outside and compares it with the limit.
 argv: room_mib (the limit is the floor after setup plus this), then the batches as
 samples x tokens (e.g. 4x64 4x64 12x192 2x32). LIMIT_WORKER_VOCAB: the vocabulary (1024);
 LIMIT_WORKER_MODEL=bloom, qwen3, llama_lora (LoRA adapters, peft; LIMIT_WORKER_LAYERS of
-them, 4 by default) or t5 (an encoder-decoder: labels a quarter of the tokens, the source
-padded alone): that layout instead."""
+them, 4 by default), t5 (an encoder-decoder: labels a quarter of the tokens, the source
+padded alone) or bert_mlm (a masked LM: labels on a seeded 15% of the tokens): that layout
+instead."""
 import json
 import os
 import sys
@@ -32,6 +33,8 @@ def batch(samples, tokens, vocab, seed):
     labels = ids.masked_fill(mask == 0, -100)
     if os.environ.get("LIMIT_WORKER_MODEL") == "t5":  # a target of its own, a quarter as long
         labels = torch.randint(0, vocab, (samples, max(1, tokens // 4)), generator=g)
+    if os.environ.get("LIMIT_WORKER_MODEL") == "bert_mlm":  # the masked tokens alone
+        labels = labels.masked_fill(torch.rand(samples, tokens, generator=g) >= 0.15, -100)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -63,6 +66,11 @@ def main():
                                        max_position_embeddings=4096)
         model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg), peft.LoraConfig(
             r=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM"))
+    elif os.environ.get("LIMIT_WORKER_MODEL") == "bert_mlm":  # a masked LM's head
+        cfg = transformers.BertConfig(hidden_size=256, intermediate_size=1024,
+                                      num_hidden_layers=4, num_attention_heads=4,
+                                      vocab_size=vocab, max_position_embeddings=4096)
+        model = transformers.BertForMaskedLM(cfg)
     else:
         cfg = transformers.GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=vocab,
                                       n_positions=2048, attn_implementation="eager")

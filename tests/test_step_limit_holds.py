@@ -241,3 +241,16 @@ def test_a_long_sample_whose_first_quarter_would_not_fit_is_probed_shorter():
     assert {e["event"] for e in events[1:-1]} <= {"step", "refused"}, events
     limit = events[0]["limit"]
     assert all(e["needed"] > limit for e in events if e["event"] == "refused"), events
+
+
+def test_one_long_sample_of_a_masked_lm_runs_under_a_limit_its_plain_step_would_cross():
+    """BERT (4 layers of 256, attention scores kept, BERT's 30522-token vocabulary) as a
+    masked LM, batch 1 x 2048 tokens, 15% of them labelled: plain training peaks ~1700 MiB
+    above this start, ~900 of them the head's logits over every token. Its head's projection
+    and loss run on the labelled tokens only, in chunks (masked_lm), and its blocks
+    recompute: every step stays under a room of 640 MiB (before, the head ran whole: refused,
+    naming more than the room)."""
+    events, seen = run_loop(640, ["1x2048", "1x2048"], vocab=30522, model="bert_mlm")
+    assert [e["event"] for e in events] == ["start", "step", "step", "done"], events
+    assert all("BertLayer" in e["plan"] for e in events if e["event"] == "step"), events
+    assert_within(events, seen)

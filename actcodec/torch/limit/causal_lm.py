@@ -30,9 +30,8 @@ import inspect
 import torch
 
 from .chunked_loss import (IGNORE_INDEX, check_labelled, chunked_cross_entropy,
-                           transformers_model)
+                           output_embeddings, transformers_model)
 from .loss_weights import shifts_labels
-from . import wrapped
 
 LOSS_KEYS = ("labels", "shift_labels", "num_items_in_batch", "ignore_index")  # not the model's
 
@@ -85,9 +84,7 @@ def covers(model) -> bool:
     return True
 
 
-def head(model) -> torch.nn.Module:
-    """The output embeddings the loss runs in chunks."""
-    return wrapped.adapted(model).get_output_embeddings()
+head = output_embeddings  # the output embeddings the loss runs in chunks
 
 
 def _check_covered(model):

@@ -90,6 +90,42 @@ def check_labelled(batch, caller: str) -> None:
                          f"would be None)")
 
 
+def output_embeddings(model) -> torch.nn.Module:
+    """The output embeddings a model's chunked loss runs (wrapped.adapted: a PEFT model's
+    base holds them)."""
+    return wrapped.adapted(model).get_output_embeddings()
+
+
+def check_agrees(caller: str, model, out, ours: torch.Tensor, loss: torch.Tensor,
+                 path: str) -> None:
+    """ValueError, naming `caller`, unless the model's own output on a prefix (`out`: its
+    logits and loss) agrees with a chunked path's logits `ours` and `loss` on it, a few
+    roundings of their dtype apart (`path`: how the path makes its logits, for the message).
+    Run under no_grad."""
+    name = type(model).__name__
+    theirs = out["logits"] if isinstance(out, Mapping) else out[1]
+    their_loss = out["loss"] if isinstance(out, Mapping) else out[0]
+    if not isinstance(theirs, torch.Tensor) or theirs.shape != ours.shape:
+        raise ValueError(f"{caller}: {name}'s logits have shape "
+                         f"{tuple(getattr(theirs, 'shape', ()))}, not {tuple(ours.shape)} as "
+                         f"{path}; not covered")
+    if not isinstance(their_loss, torch.Tensor):
+        raise ValueError(f"{caller}: {name} computed no loss from its labels; not covered "
+                         f"(use model(**batch).loss)")
+    difference, size, loss_difference = torch.stack([
+        (ours.double() - theirs.double()).abs().max(), theirs.double().abs().max(),
+        (loss.double() - their_loss.double()).abs()]).tolist()
+    tolerance = max(1e-4, 4 * torch.finfo(ours.dtype).eps) * max(1.0, size)
+    if not difference <= tolerance:
+        raise ValueError(f"{caller}: {name}'s logits are not {path}: they differ by "
+                         f"{difference:.3g} (tolerance {tolerance:.3g}); not covered (use "
+                         f"model(**batch).loss)")
+    if not loss_difference <= tolerance:
+        raise ValueError(f"{caller}: {name}'s loss is not the mean cross-entropy of its "
+                         f"labels (they differ by {loss_difference:.3g}); not covered (use "
+                         f"model(**batch).loss)")
+
+
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
                           bias: torch.Tensor | None = None, chunk_tokens: int | None = None,
                           ignore_index: int = IGNORE_INDEX, reduction: str = "mean",

@@ -30,8 +30,8 @@ import contextlib
 import torch
 
 from . import wrapped
-from .chunked_loss import (IGNORE_INDEX, check_labelled, chunked_cross_entropy,
-                           transformers_model)
+from .chunked_loss import (IGNORE_INDEX, check_agrees, check_labelled, chunked_cross_entropy,
+                           output_embeddings, transformers_model)
 
 KEYS = {"input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask",
         "use_cache"}  # use_cache: this path keeps no cache, whatever it says
@@ -60,9 +60,7 @@ def covers(model) -> bool:
     return False
 
 
-def head(model) -> torch.nn.Module:
-    """The output embeddings the loss runs in chunks."""
-    return wrapped.adapted(model).get_output_embeddings()
+head = output_embeddings  # the output embeddings the loss runs in chunks
 
 
 def _hidden(model, batch: Mapping) -> torch.Tensor:
@@ -126,7 +124,6 @@ def check(model, batch: Mapping) -> None:
     if others:
         raise ValueError(f"seq2seq_lm_loss: the batch has {sorted(others)}, which this path "
                          f"does not pass on; not covered (use model(**batch).loss)")
-    name = type(model).__name__
     cut = {}
     for key, value in batch.items():
         if isinstance(value, torch.Tensor) and value.dim() == 2:
@@ -148,23 +145,6 @@ def check(model, batch: Mapping) -> None:
                 bias, hidden.reshape(-1, hidden.shape[-1]), weight.t()).reshape(
                     *hidden.shape[:-1], -1)
             loss = chunked_cross_entropy(hidden, weight, cut["labels"], bias=bias)
-        theirs = out["logits"] if isinstance(out, Mapping) else out[1]
-        if not isinstance(theirs, torch.Tensor) or theirs.shape != ours.shape:
-            raise ValueError(f"seq2seq_lm_loss: {name}'s logits have shape "
-                             f"{tuple(getattr(theirs, 'shape', ()))}, not {tuple(ours.shape)} "
-                             f"as its head over its decoder's output; not covered")
-        their_loss = out["loss"] if isinstance(out, Mapping) else out[0]
-        difference, size, loss_difference = torch.stack([
-            (ours.double() - theirs.double()).abs().max(), theirs.double().abs().max(),
-            (loss.double() - their_loss.double()).abs()]).tolist()
-    tolerance = max(1e-4, 4 * torch.finfo(hidden.dtype).eps) * max(1.0, size)
-    if not difference <= tolerance:
-        raise ValueError(f"seq2seq_lm_loss: {name}'s logits are not its output embeddings "
-                         f"applied to its decoder's output (with scale_decoder_outputs, "
-                         f"final_logits_bias as it has them): they differ by "
-                         f"{difference:.3g} (tolerance {tolerance:.3g}); not covered (use "
-                         f"model(**batch).loss)")
-    if not loss_difference <= tolerance:
-        raise ValueError(f"seq2seq_lm_loss: {name}'s loss is not the mean cross-entropy of "
-                         f"its labels (they differ by {loss_difference:.3g}); not covered "
-                         f"(use model(**batch).loss)")
+        check_agrees("seq2seq_lm_loss", model, out, ours, loss,
+                     "its output embeddings applied to its decoder's output (with "
+                     "scale_decoder_outputs, final_logits_bias as it has them)")

@@ -42,7 +42,7 @@ from ... import store as stores
 from ..save import allocator as allocators
 from . import accumulate
 from . import blocks as blocks_mod
-from . import causal_lm, chunked_loss, seq2seq_lm
+from . import causal_lm, chunked_loss, masked_lm, seq2seq_lm
 from . import limit_plan
 from . import loss_weights, meter as meters, mini_sequence
 from . import micro_batches as mb
@@ -131,7 +131,8 @@ class Step:
     labels) runs its head and
     cross-entropy in chunks of tokens (act.causal_lm_loss: the same loss and gradients up to
     summation order, without the tokens x vocabulary logits), and so does an encoder-decoder
-    LM's (T5's and BART's kinds: seq2seq_lm); False: model(**b).loss always.
+    LM's (T5's and BART's kinds: seq2seq_lm) and a masked LM's (BERT's kinds, on its labelled
+    tokens only: masked_lm); False: model(**b).loss always.
 
     A batch of one sample of at least 64 tokens (token ids of shape (1, T)) is planned along
     its sequence: its probes run on its first quarter and half, and its plan cannot use
@@ -215,7 +216,7 @@ class Step:
         self._contexts: dict = {}
         self._period_samples = 0  # samples of the micro-batch run last (see _run)
         self._weights_warned = False  # _check_weights warned already
-        self._seq2seq_checked = None  # _seq2seq_holds's answer, once checked
+        self._loss_checked = None  # _holds's answer, once checked
         self._clocked = None  # (the device's clock of the last step, its plan): see _run
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
@@ -500,39 +501,42 @@ class Step:
         kind, chunk = chunked
         if kind is causal_lm:
             return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
+        if kind is masked_lm:
+            return lambda model, b: masked_lm.masked_lm_loss(model, b, chunk_tokens=chunk,
+                                                             checked=True)
         return lambda model, b: seq2seq_lm.seq2seq_lm_loss(model, b, chunk_tokens=chunk,
                                                            checked=True)
 
     def _chunked(self, batch, limit):
-        """(the module whose chunked loss this step runs, causal_lm or seq2seq_lm, its chunk
-        in tokens) where it runs one, else None."""
+        """(the module whose chunked loss this step runs, causal_lm, seq2seq_lm or masked_lm,
+        its chunk in tokens) where it runs one, else None."""
         if limit is None or not self.chunk_loss or self.loss_fn is not mb.default_loss or \
                 not isinstance(batch, Mapping) or batch.get("labels") is None:
             return None
         kind = _chunked_kind(self.model, batch)
-        if kind is None or (kind is seq2seq_lm and not self._seq2seq_holds(batch)):
+        if kind is None or (kind is not causal_lm and not self._holds(kind, batch)):
             return None
         vocab = kind.head(self.model).out_features
         logits = min(max(STEP_CHUNK_LOGITS_BYTES, int(limit * STEP_CHUNK_LIMIT_SHARE)),
                      chunked_loss.CHUNK_LOGITS_BYTES)
         return kind, chunked_loss.default_chunk_tokens(vocab, logits)
 
-    def _seq2seq_holds(self, batch) -> bool:
-        """Whether an encoder-decoder's chunked loss gives the model's (a causal LM's checks its
-        head at each call): checked once per Step, on the first batch's prefix
-        (seq2seq_lm.check: not inside the loss, where a probe's hooks, and the block measured
+    def _holds(self, kind, batch) -> bool:
+        """Whether an encoder-decoder's or a masked LM's chunked loss gives the model's (a
+        causal LM's checks its head at each call): checked once per Step, on the first batch's
+        prefix (`kind.check`: not inside the loss, where a probe's hooks, and the block measured
         alone, would take the prefix's forward for the step's); where it differs, the model's
         own loss runs, with a RuntimeWarning."""
-        if self._seq2seq_checked is None:
+        if self._loss_checked is None:
             try:
-                seq2seq_lm.check(self.model, batch)
-                self._seq2seq_checked = True
+                kind.check(self.model, batch)
+                self._loss_checked = True
             except Exception as exc:  # noqa: BLE001 (a forward that fails on the prefix too)
                 warnings.warn(f"the chunked loss does not cover {type(self.model).__name__} "
                               f"({type(exc).__name__}: {exc}); its own loss runs whole",
                               RuntimeWarning, stacklevel=5)
-                self._seq2seq_checked = False
-        return self._seq2seq_checked
+                self._loss_checked = False
+        return self._loss_checked
 
     def _loss_buffers(self, batch, limit) -> int:
         """The chunked loss's two float32 chunk x vocabulary buffers (0 where it does not
@@ -800,12 +804,14 @@ def _release(*attachments) -> None:
 
 
 def _chunked_kind(model, batch):
-    """The module whose chunked loss covers this model and batch: causal_lm, or seq2seq_lm
-    (a batch of the keys it passes on); None where neither does."""
+    """The module whose chunked loss covers this model and batch: causal_lm, seq2seq_lm (a
+    batch of the keys it passes on) or masked_lm; None where none does."""
     if causal_lm.covers(model):
         return causal_lm
     if seq2seq_lm.covers(model) and set(batch) <= seq2seq_lm.KEYS:
         return seq2seq_lm
+    if masked_lm.covers(model):
+        return masked_lm
     return None
 
 
