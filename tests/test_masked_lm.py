@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import actcodec.torch as act
-from actcodec.torch.limit import masked_lm
+from actcodec.torch.limit import loss_weights, masked_lm
 
 tf = pytest.importorskip("transformers")
 tf.logging.set_verbosity_error()
@@ -82,7 +82,7 @@ def test_num_items_in_batch_divides_where_the_models_own_loss_does(name):
     assert torch.allclose(ours, loss, rtol=1e-5, atol=1e-6)
     assert (g - w).norm() / w.norm() < 1e-5
     labelled = int((b["labels"] != -100).sum())
-    assert masked_lm._divides_by_items(build(name)) == (name == "modernbert")
+    assert loss_weights.divides_by_items(build(name)) == (name == "modernbert")
     mean = model_and_ours(name, batch())[0]
     assert torch.allclose(loss * (40 / labelled if name == "modernbert" else 1), mean,
                           rtol=1e-5)

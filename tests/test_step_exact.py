@@ -152,6 +152,37 @@ def test_num_items_in_batch_makes_the_micro_batches_add_up(name):
     assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
 
 
+def bert_mlm(seed=0):  # a masked LM whose loss is a mean of its own
+    torch.manual_seed(seed)
+    return tf.BertForMaskedLM(tf.BertConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, pad_token_id=PAD))
+
+
+def t5(seed=0):  # an encoder-decoder whose loss is a mean of its own
+    torch.manual_seed(seed)
+    return tf.T5ForConditionalGeneration(tf.T5Config(
+        d_model=32, d_ff=64, d_kv=16, num_heads=2, num_layers=2, vocab_size=VOCAB,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=PAD))
+
+
+@pytest.mark.parametrize("make", [bert_mlm, t5], ids=["bert_mlm", "t5"])
+def test_num_items_in_batch_that_the_models_loss_ignores_weighs_by_targets(make):
+    """BERT's and T5's losses are a mean over the targets whatever num_items_in_batch says
+    (transformers' Trainer passes it to every model whose forward takes **kwargs): the
+    micro-batches are weighed by their targets, not added (4 micro-batches gave 4x the
+    gradient)."""
+    batch = {**padded([16, 7, 12, 9, 0, 1]), "num_items_in_batch": torch.tensor(97)}
+    assert not loss_weights.divides_by_items(make())
+    assert loss_weights.divides_by_items(gpt2()) and loss_weights.divides_by_items(nn.Linear(2, 2))
+    m = make()
+    loss = act.Step(m, plan={"micro_batches": 3})(batch)
+    want_loss, want = plain(make, batch)
+    assert_same(flat_grad(m), want)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
+
+
 def test_a_loss_fn_weight_of_zero_adds_nothing_even_where_its_loss_is_nan():
     def masked_mse(m, b):
         x, y, keep = b

@@ -7,8 +7,10 @@ counts, not over samples. transformers' losses (and torch's cross entropy) skip 
 (transformers.loss.loss_utils.ForCausalLMLoss) first shifts them by one (the target of
 position t is labels[t + 1]), so a row's first label is never a target. A micro-batch's share
 is its count of targets over the batch's. With `num_items_in_batch` in the batch (as
-transformers' Trainer passes it), each micro-batch's loss is already its sum over the whole
-batch's count, and the micro-batches simply add up."""
+transformers' Trainer passes it) and a loss that divides by it (divides_by_items), each
+micro-batch's loss is already its sum over the whole batch's count, and the micro-batches
+simply add up; a loss that ignores it (BERT's, T5's: a mean of their own) is weighed by its
+targets as without it."""
 from __future__ import annotations
 
 import inspect
@@ -22,16 +24,18 @@ from . import wrapped
 IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy skip
 
 
-def shares(batch, size: int, ranges: list, default_loss: bool, counted=None) -> list:
+def shares(batch, size: int, ranges: list, default_loss: bool, counted=None,
+           model=None) -> list:
     """Each (start, stop) range's share of the batch's loss (the shares add up to 1, or
     are all 1 where each micro-batch's loss is already normalized over the whole batch).
 
-    The default loss of a dict batch: by `num_items_in_batch` (all 1) or by the targets of
-    its `labels` (`counted`: start_counting's, all 0 where the batch has no target: its loss
-    is NaN, as one forward's); anything else (a loss_fn's mean, or labels not per sample): by
-    sample count."""
+    The default loss of a dict batch: by `num_items_in_batch` (all 1) where `model`'s loss
+    divides by it (divides_by_items), or by the targets of its `labels` (`counted`:
+    start_counting's, all 0 where the batch has no target: its loss is NaN, as one
+    forward's); anything else (a loss_fn's mean, or labels not per sample): by sample
+    count."""
     if default_loss and isinstance(batch, Mapping):
-        if batch.get("num_items_in_batch") is not None:
+        if batch.get("num_items_in_batch") is not None and divides_by_items(model):
             return [1.0] * len(ranges)
         if counted is not None:
             per_sample = counted.read()
@@ -59,9 +63,9 @@ def start_counting(model, batch, size: int, wanted: bool = True):
     and uneven: started before the step is planned, so that on a device the count is queued
     behind the work already there and read once the plan is made, rather than waited for at
     once; None where they are not known, not `wanted`, or the micro-batches' losses are
-    normalized over the whole batch already (`num_items_in_batch`)."""
-    if not wanted or not isinstance(batch, Mapping) or \
-            batch.get("num_items_in_batch") is not None:
+    normalized over the whole batch already (`num_items_in_batch`, divides_by_items)."""
+    if not wanted or not isinstance(batch, Mapping) or (
+            batch.get("num_items_in_batch") is not None and divides_by_items(model)):
         return None
     per_sample = per_sample_targets(model, batch, size)
     return None if per_sample is None else OnTheWay(per_sample)
@@ -144,6 +148,31 @@ def batch_level_term(model) -> str | None:
         return ("the model's loss adds its router's load-balancing loss, a statistic over the "
                 "whole batch (output_router_logits): it would be per micro-batch")
     return None
+
+
+def divides_by_items(model) -> bool:
+    """Whether the model's own loss divides by a batch's `num_items_in_batch` (a sum over
+    the targets of every micro-batch and accumulated batch: then the micro-batches' losses
+    add). A transformers model's does where its forward calls `self.loss_function`, one of
+    transformers' losses that take the count (causal and masked LM, token classification,
+    question answering, sequence classification of one label per sample); one whose forward
+    computes a loss of its own (BERT's masked LM, T5, BART: a mean) ignores it. Another
+    library's model (or None: not known) is taken to, as the batch hands it the count."""
+    model = wrapped.inner(model) if model is not None else None
+    transformers = sys.modules.get("transformers")
+    if model is None or transformers is None or \
+            not isinstance(model, transformers.PreTrainedModel):
+        return True
+    forward = inspect.unwrap(type(model).forward)
+    if "loss_function" not in getattr(getattr(forward, "__code__", None), "co_names", ()):
+        return False
+    from transformers.loss import loss_utils
+    loss = getattr(model, "loss_function", None)
+    if loss is loss_utils.ForSequenceClassificationLoss:  # regression, multi-label: a mean
+        return getattr(model.config, "num_labels", 0) > 1 and \
+            getattr(model.config, "problem_type", None) in (None, "single_label_classification")
+    return loss in (loss_utils.ForCausalLMLoss, loss_utils.ForMaskedLMLoss,
+                    loss_utils.ForTokenClassification, loss_utils.ForQuestionAnsweringLoss)
 
 
 def shifts_labels(model) -> bool:

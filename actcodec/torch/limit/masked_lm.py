@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import contextlib
-import inspect
 
 import torch
 
-from . import wrapped
+from .loss_weights import divides_by_items
 from .chunked_loss import (IGNORE_INDEX, check_agrees, check_labelled, chunked_cross_entropy,
                            output_embeddings, transformers_model)
 
@@ -54,7 +53,7 @@ def masked_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None,
     hidden = _head_input(model, batch, head)
     labels = batch["labels"].to(hidden.device)
     _check_shape(model, hidden, labels)
-    items = batch.get("num_items_in_batch") if _divides_by_items(model) else None
+    items = batch.get("num_items_in_batch") if divides_by_items(model) else None
     return chunked_cross_entropy(hidden, head.weight, labels, bias=head.bias,
                                  chunk_tokens=chunk_tokens, ignore_index=IGNORE_INDEX,
                                  num_items_in_batch=items)
@@ -69,18 +68,6 @@ def covers(model) -> bool:
 
 
 head = output_embeddings  # the output embeddings the loss runs in chunks
-
-
-def _divides_by_items(model) -> bool:
-    """Whether the model's loss divides by `num_items_in_batch`: its forward calls
-    `self.loss_function`, and that is transformers' ForMaskedLMLoss (others compute a mean of
-    their own, whatever the batch says)."""
-    inner = wrapped.inner(model)
-    forward = inspect.unwrap(type(inner).forward)
-    if "loss_function" not in getattr(getattr(forward, "__code__", None), "co_names", ()):
-        return False
-    from transformers.loss.loss_utils import ForMaskedLMLoss
-    return getattr(inner, "loss_function", None) is ForMaskedLMLoss
 
 
 def _check_covered(model):

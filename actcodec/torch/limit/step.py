@@ -739,7 +739,7 @@ class Step:
         t_all = time.perf_counter()
         try:
             shares = loss_weights.shares(batch, size, ranges, self.loss_fn is mb.default_loss,
-                                         counted)
+                                         counted, self.model)
             if clock is not None:
                 clock.begin("step")
             with meter.peak() as peak:

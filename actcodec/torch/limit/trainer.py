@@ -14,7 +14,9 @@ gradients add to what the batches before it left in .grad. The loss is the model
 
 - given `num_items_in_batch` (the accumulated batches' target count, where the model's
   forward takes loss kwargs), the model's loss is a sum over that count, so Step's
-  micro-batches and the Trainer's batches all simply add;
+  micro-batches and the Trainer's batches all simply add (a model whose loss ignores the
+  count, BERT's or T5's, gives each batch its mean, as under the Trainer: Step weighs its
+  micro-batches by their targets, loss_weights.divides_by_items);
 - otherwise each batch's mean over its targets (Step weighs its micro-batches by their
   targets) divided by the batches accumulated.
 
