@@ -127,15 +127,18 @@ class Planning:
         # shorter labels is no measure of the longer ones this profile was probed on
         return dataclasses.replace(limit_plan.scaled(self.profiles[kind, u], units), unit=unit)
 
+    def measured_for(self, shape: tuple) -> bool:
+        """Whether a profile measured at this shape or a larger one serves it (else at()
+        scales up a smaller one's: an upper bound)."""
+        unit, units = shape
+        return any(covers(kind, unit) and u >= units for kind, u in self.profiles)
+
     def needs_probes(self, shape: tuple, room: float) -> bool:
         """Whether to probe the model at this shape: where no measured shape of its unit is
         as large, and its largest probe is predicted to fit, as it runs (one sample, or half
         the sequence's tokens, stored as they are): probes grow from small to large and stop
         before the limit; what is predicted not to fit is refused by the plan, unprobed."""
-        unit, units = shape
-        if any(covers(kind, unit) and u >= units for kind, u in self.profiles):
-            return False
-        return self.probe_fits(shape, room)
+        return not self.measured_for(shape) and self.probe_fits(shape, room)
 
     def probe_fits(self, shape: tuple, room: float) -> bool:
         """Whether the largest probe at this shape is predicted to fit in `room` by the

@@ -607,8 +607,11 @@ class Step:
             needed = self._planning.needed(floor)
             stepping = planning.limit_for(after, floor)
             named = planning.to_name(max(needed, stepping), floor)
+            bound = "" if self._planning.measured_for(key) else (
+                ", or less (from the profile of smaller samples scaled up, an upper bound: "
+                "its probes at this size did not fit)")
             what = (f"the smallest plan for a batch of {size} needs about "
-                    f"{-(-named // MiB)} MiB in all" if needed >= stepping else
+                    f"{-(-named // MiB)} MiB in all{bound}" if needed >= stepping else
                     f"the optimizer's step after it needs about {-(-named // MiB)} MiB in "
                     f"all (the gradients and its temporaries)")
             raise MemoryLimitError(
