@@ -114,6 +114,31 @@ def test_what_is_not_covered_is_said():
         masked_lm.masked_lm_loss(build("bert"), {"input_ids": batch()["input_ids"]})
 
 
+def test_a_head_that_adds_a_parameter_after_its_output_embeddings_is_refused():
+    """ESM's head adds a bias of its own after its output embeddings: zero as initialised,
+    so logits and loss agree, but this path would never give it a gradient."""
+    torch.manual_seed(0)
+    esm = tf.EsmForMaskedLM(tf.EsmConfig(vocab_size=33, hidden_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, intermediate_size=64,
+                                         pad_token_id=1, mask_token_id=32,
+                                         position_embedding_type="absolute",
+                                         max_position_embeddings=128))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, 30, (1, 16), generator=g)
+    with pytest.raises(ValueError, match=r"reaches \['bias'\] of its head"):
+        masked_lm.check(esm, {"input_ids": ids, "labels": ids})
+
+
+def test_a_batch_of_inputs_embeds_is_checked_on_its_prefix_too():
+    model = build("bert").eval()
+    b = batch()
+    embeds = model.get_input_embeddings()(b["input_ids"]).detach()
+    b = {"inputs_embeds": embeds, "attention_mask": b["attention_mask"], "labels": b["labels"]}
+    masked_lm.check(model, b)
+    loss = model(**b).loss
+    assert torch.allclose(masked_lm.masked_lm_loss(model, b, checked=True), loss, rtol=1e-5)
+
+
 def test_step_runs_it_under_a_limit_for_one_long_sample(monkeypatch):
     """At batch 1 (512 tokens) under a limit, Step's probes and step run the masked LM's
     loss, and the gradient is plain training's; without a limit, or with chunk_loss off, the

@@ -183,6 +183,36 @@ def test_num_items_in_batch_that_the_models_loss_ignores_weighs_by_targets(make)
     assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
 
 
+def llama_classifier(seed=0, **kw):  # transformers' shared head: its loss gets no kwargs
+    torch.manual_seed(seed)
+    return tf.LlamaForSequenceClassification(tf.LlamaConfig(
+        num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+        pad_token_id=PAD, **kw))
+
+
+@pytest.mark.parametrize("labels", ["classes", "multi_label"])
+def test_num_items_in_batch_that_a_classifiers_loss_ignores_weighs_by_samples(labels):
+    """A loss called without the count (Llama's classification head), and a multi-label one
+    (float labels: transformers sets problem_type from them at the first forward): a mean,
+    so the micro-batches are weighed (3 micro-batches gave 3x the gradient)."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, PAD, (6, 12), generator=g)
+    if labels == "classes":
+        make, y = (lambda: llama_classifier(num_labels=3)), torch.tensor([0, 1, 2, 0, 1, 2])
+    else:
+        make = lambda: llama_classifier(num_labels=3)  # noqa: E731
+        y = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]] * 3)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": y,
+             "num_items_in_batch": torch.tensor(6)}
+    assert not loss_weights.divides_by_items(make(), batch)
+    m = make()
+    loss = act.Step(m, plan={"micro_batches": 3})(batch)
+    want_loss, want = plain(make, batch)
+    assert_same(flat_grad(m), want)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5)
+
+
 def test_a_loss_fn_weight_of_zero_adds_nothing_even_where_its_loss_is_nan():
     def masked_mse(m, b):
         x, y, keep = b

@@ -13,8 +13,11 @@ simply add up; a loss that ignores it (BERT's, T5's: a mean of their own) is wei
 targets as without it."""
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import sys
+import textwrap
 from collections.abc import Mapping
 
 import torch
@@ -35,7 +38,7 @@ def shares(batch, size: int, ranges: list, default_loss: bool, counted=None,
     forward's); anything else (a loss_fn's mean, or labels not per sample): by sample
     count."""
     if default_loss and isinstance(batch, Mapping):
-        if batch.get("num_items_in_batch") is not None and divides_by_items(model):
+        if batch.get("num_items_in_batch") is not None and divides_by_items(model, batch):
             return [1.0] * len(ranges)
         if counted is not None:
             per_sample = counted.read()
@@ -65,7 +68,7 @@ def start_counting(model, batch, size: int, wanted: bool = True):
     once; None where they are not known, not `wanted`, or the micro-batches' losses are
     normalized over the whole batch already (`num_items_in_batch`, divides_by_items)."""
     if not wanted or not isinstance(batch, Mapping) or (
-            batch.get("num_items_in_batch") is not None and divides_by_items(model)):
+            batch.get("num_items_in_batch") is not None and divides_by_items(model, batch)):
         return None
     per_sample = per_sample_targets(model, batch, size)
     return None if per_sample is None else OnTheWay(per_sample)
@@ -150,29 +153,51 @@ def batch_level_term(model) -> str | None:
     return None
 
 
-def divides_by_items(model) -> bool:
+def divides_by_items(model, batch=None) -> bool:
     """Whether the model's own loss divides by a batch's `num_items_in_batch` (a sum over
     the targets of every micro-batch and accumulated batch: then the micro-batches' losses
-    add). A transformers model's does where its forward calls `self.loss_function`, one of
-    transformers' losses that take the count (causal and masked LM, token classification,
-    question answering, sequence classification of one label per sample); one whose forward
-    computes a loss of its own (BERT's masked LM, T5, BART: a mean) ignores it. Another
-    library's model (or None: not known) is taken to, as the batch hands it the count."""
-    model = wrapped.inner(model) if model is not None else None
+    add). A transformers model's does where its forward calls `self.loss_function` passing
+    its keyword arguments on (the count among them) and that is one of transformers' losses
+    that take the count (causal and masked LM, token classification, question answering,
+    sequence classification of one integer label per sample: the batch's labels say which
+    where the config does not yet); one whose forward computes a loss of its own (BERT's
+    masked LM, T5, BART) or calls the loss without them (the classification heads Llama,
+    Qwen2 and Mistral share) ignores it: a mean. A prompt-learning PEFT model's is its base
+    model's (wrapped.receiver). Another library's model (or None: not known) is taken to,
+    as the batch hands it the count."""
+    model = wrapped.receiver(model) if model is not None else None
     transformers = sys.modules.get("transformers")
     if model is None or transformers is None or \
             not isinstance(model, transformers.PreTrainedModel):
         return True
-    forward = inspect.unwrap(type(model).forward)
-    if "loss_function" not in getattr(getattr(forward, "__code__", None), "co_names", ()):
+    if not _passes_kwargs_to_loss(inspect.unwrap(type(model).forward)):
         return False
     from transformers.loss import loss_utils
     loss = getattr(model, "loss_function", None)
     if loss is loss_utils.ForSequenceClassificationLoss:  # regression, multi-label: a mean
+        labels = batch.get("labels") if isinstance(batch, Mapping) else None
+        problem = getattr(model.config, "problem_type", None)
+        if problem is None:  # transformers sets it at the first forward, from the labels
+            problem = "multi_label_classification" if isinstance(labels, torch.Tensor) and \
+                labels.is_floating_point() else "single_label_classification"
         return getattr(model.config, "num_labels", 0) > 1 and \
-            getattr(model.config, "problem_type", None) in (None, "single_label_classification")
+            problem == "single_label_classification"
     return loss in (loss_utils.ForCausalLMLoss, loss_utils.ForMaskedLMLoss,
                     loss_utils.ForTokenClassification, loss_utils.ForQuestionAnsweringLoss)
+
+
+@functools.lru_cache(maxsize=256)  # a function's source: read and parsed once
+def _passes_kwargs_to_loss(forward) -> bool:
+    """Whether `forward` calls `self.loss_function(..., **kwargs)`: its source parsed (where
+    it cannot be read, whether it names loss_function at all)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    except (OSError, TypeError, SyntaxError):
+        return "loss_function" in getattr(getattr(forward, "__code__", None), "co_names", ())
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and
+               node.func.attr == "loss_function" and
+               any(keyword.arg is None for keyword in node.keywords)
+               for node in ast.walk(tree))
 
 
 def shifts_labels(model) -> bool:

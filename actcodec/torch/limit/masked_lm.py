@@ -125,8 +125,8 @@ def check(model, batch: Mapping) -> None:
     for key, value in batch.items():
         if key == "num_items_in_batch":
             continue
-        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[-1] == length:
-            value = value[:1, :PREFIX_TOKENS]
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == length:
+            value = value[:1, :PREFIX_TOKENS]  # input_ids, masks, inputs_embeds
         cut[key] = value
     cut["labels"] = cut["labels"].clamp(min=0)  # targets all ignored: both losses NaN
     if isinstance(cut.get("attention_mask"), torch.Tensor):
@@ -144,3 +144,36 @@ def check(model, batch: Mapping) -> None:
         loss = chunked_cross_entropy(hidden, linear.weight, labels, bias=linear.bias)
         check_agrees("masked_lm_loss", model, out, ours, loss,
                      "its output embeddings applied to their input (its head does more)")
+    _check_head_parameters(model, cut, linear, devices)
+
+
+def _check_head_parameters(model, cut: Mapping, linear, devices) -> None:
+    """ValueError where a parameter of the head beside the output embeddings' own (ESM's bias
+    added after them) gets a gradient from the model's loss and none from this path's, or the
+    other way round: logits that agree at one value of it (zero, as initialised) say nothing
+    of its gradient. Taken on the prefix `cut`, for those parameters only."""
+    inner = _check_covered(model)
+    head = next((child for child in inner.children()
+                 if any(m is linear for m in child.modules())), linear)
+    own = {id(linear.weight), id(linear.bias)}
+    named = [(n, p) for n, p in [*head.named_parameters(), *inner.named_parameters(
+        recurse=False)] if p.requires_grad and id(p) not in own]
+    if not named:
+        return
+    params = [p for _, p in named]
+    with torch.enable_grad():
+        with torch.random.fork_rng(devices=devices):
+            out = model(**cut)
+        theirs = torch.autograd.grad(out["loss"] if isinstance(out, Mapping) else out[0],
+                                     params, allow_unused=True)
+        with torch.random.fork_rng(devices=devices):
+            hidden = _head_input(model, cut, linear)
+        loss = chunked_cross_entropy(hidden, linear.weight, cut["labels"].to(hidden.device),
+                                     bias=linear.bias)
+        ours = torch.autograd.grad(loss, params, allow_unused=True)
+    differ = [n for (n, _), a, b in zip(named, theirs, ours) if (a is None) != (b is None)]
+    if differ:
+        raise ValueError(f"masked_lm_loss: {type(model).__name__}'s loss reaches {differ} of "
+                         f"its head where this path does not (or the other way round): its "
+                         f"head does more than its output embeddings; not covered (use "
+                         f"model(**batch).loss)")
