@@ -53,7 +53,9 @@ def masked_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None,
     hidden = _head_input(model, batch, head)
     labels = batch["labels"].to(hidden.device)
     _check_shape(model, hidden, labels)
-    items = batch.get("num_items_in_batch") if divides_by_items(model) else None
+    items = batch.get("num_items_in_batch")
+    if items is not None and not divides_by_items(model):  # the forward read: with a count
+        items = None
     return chunked_cross_entropy(hidden, head.weight, labels, bias=head.bias,
                                  chunk_tokens=chunk_tokens, ignore_index=IGNORE_INDEX,
                                  num_items_in_batch=items)
