@@ -181,3 +181,33 @@ def test_step_runs_the_models_own_loss_where_the_path_differs():
         with pytest.warns(RuntimeWarning, match="does not cover BertForMaskedLM"):
             step(b)
     assert torch.equal(grads(model), grads(want))
+
+
+def test_a_later_batch_with_a_key_the_models_loss_reads_is_checked_again():
+    """The path is checked once per set of batch keys: a key the model's own loss reads,
+    absent from the first batch, makes the two differ (here a weight on the loss); that
+    batch runs the model's loss, with a warning, and its gradient is plain training's."""
+
+    class WeightedBertForMaskedLM(tf.BertForMaskedLM):
+        def forward(self, weight=None, **kwargs):
+            out = super().forward(**kwargs)
+            if weight is not None:
+                out.loss = out.loss * weight
+            return out
+
+    def make():
+        torch.manual_seed(0)
+        return WeightedBertForMaskedLM(tf.BertConfig(**COMMON)).eval()
+
+    first, second = batch(rows=1, tokens=128), {**batch(rows=1, tokens=128), "weight": 3.0}
+    want = make()
+    want(**first).loss.backward()
+    want(**second).loss.backward()
+    model = make()
+    with act.Step(model, limit="64GiB", exact=True) as step:
+        step(first)
+        with pytest.warns(RuntimeWarning, match="does not cover WeightedBertForMaskedLM"):
+            step(second)
+    g, w = grads(model), grads(want)
+    assert F.cosine_similarity(g.double(), w.double(), dim=0) >= 0.99999
+    assert torch.allclose(g.norm(), w.norm(), rtol=1e-4)

@@ -216,7 +216,7 @@ class Step:
         self._contexts: dict = {}
         self._period_samples = 0  # samples of the micro-batch run last (see _run)
         self._weights_warned = False  # _check_weights warned already
-        self._loss_checked = None  # _holds's answer, once checked
+        self._loss_checked: dict = {}  # _holds's answers, by the batch's keys
         self._clocked = None  # (the device's clock of the last step, its plan): see _run
         self._in_flight = None  # the budget context of the step running now, if any
         # (the limit, the budget) that step was planned for; with _limit, changed together
@@ -523,20 +523,22 @@ class Step:
 
     def _holds(self, kind, batch) -> bool:
         """Whether an encoder-decoder's or a masked LM's chunked loss gives the model's (a
-        causal LM's checks its head at each call): checked once per Step, on the first batch's
-        prefix (`kind.check`: not inside the loss, where a probe's hooks, and the block measured
-        alone, would take the prefix's forward for the step's); where it differs, the model's
-        own loss runs, with a RuntimeWarning."""
-        if self._loss_checked is None:
+        causal LM's checks its head at each call): checked on the prefix of the first batch
+        of each set of keys (a key the model's loss reads, absent before, can make the two
+        differ), by `kind.check`, not inside the loss, where a probe's hooks, and the block
+        measured alone, would take the prefix's forward for the step's; where they differ,
+        the model's own loss runs, with a RuntimeWarning."""
+        keys = frozenset(k for k, v in batch.items() if v is not None)
+        if keys not in self._loss_checked:
             try:
                 kind.check(self.model, batch)
-                self._loss_checked = True
+                self._loss_checked[keys] = True
             except Exception as exc:  # noqa: BLE001 (a forward that fails on the prefix too)
                 warnings.warn(f"the chunked loss does not cover {type(self.model).__name__} "
                               f"({type(exc).__name__}: {exc}); its own loss runs whole",
                               RuntimeWarning, stacklevel=5)
-                self._loss_checked = False
-        return self._loss_checked
+                self._loss_checked[keys] = False
+        return self._loss_checked[keys]
 
     def _loss_buffers(self, batch, limit) -> int:
         """The chunked loss's two float32 chunk x vocabulary buffers (0 where it does not
