@@ -112,6 +112,12 @@ def test_what_is_not_covered_is_said():
         masked_lm.check(doubled, batch())
     with pytest.raises(ValueError, match="no 'labels'"):
         masked_lm.masked_lm_loss(build("bert"), {"input_ids": batch()["input_ids"]})
+    # DeBERTa-v2's head without legacy projects on the input embeddings; its
+    # get_output_embeddings() is the head's 32-wide transform: named as such, not as labels
+    # outside a vocabulary of 32
+    unlegacy = tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(**COMMON, legacy=False))
+    with pytest.raises(ValueError, match=r"logits have shape \(1, \d+, 500\), not \(1, \d+, 32\)"):
+        masked_lm.check(unlegacy, batch())
 
 
 def test_a_head_that_adds_a_parameter_after_its_output_embeddings_is_refused():

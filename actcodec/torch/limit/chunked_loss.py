@@ -96,12 +96,12 @@ def output_embeddings(model) -> torch.nn.Module:
     return wrapped.adapted(model).get_output_embeddings()
 
 
-def check_agrees(caller: str, model, out, ours: torch.Tensor, loss: torch.Tensor,
-                 path: str) -> None:
+def check_agrees(caller: str, model, out, ours: torch.Tensor, loss, path: str) -> None:
     """ValueError, naming `caller`, unless the model's own output on a prefix (`out`: its
     logits and loss) agrees with a chunked path's logits `ours` and `loss` on it, a few
     roundings of their dtype apart (`path`: how the path makes its logits, for the message).
-    Run under no_grad."""
+    `loss` may be a function giving it, called once the logits' shapes agree (a layer that
+    is not the model's head may not take its labels). Run under no_grad."""
     name = type(model).__name__
     theirs = out["logits"] if isinstance(out, Mapping) else out[1]
     their_loss = out["loss"] if isinstance(out, Mapping) else out[0]
@@ -112,6 +112,8 @@ def check_agrees(caller: str, model, out, ours: torch.Tensor, loss: torch.Tensor
     if not isinstance(their_loss, torch.Tensor):
         raise ValueError(f"{caller}: {name} computed no loss from its labels; not covered "
                          f"(use model(**batch).loss)")
+    if callable(loss):
+        loss = loss()
     difference, size, loss_difference = torch.stack([
         (ours.double() - theirs.double()).abs().max(), theirs.double().abs().max(),
         (loss.double() - their_loss.double()).abs()]).tolist()
