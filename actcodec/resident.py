@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import sys
 import threading
 
@@ -238,16 +239,64 @@ def trim_heap() -> int:
     return gone
 
 
+def _libc_mincore():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
+    return fn
+
+
+_MINCORE = _libc_mincore()
+_LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's resident bit per page; others reserved
+
+
+def main_heap() -> tuple[int, int] | None:
+    """The main heap's (the "[heap]" mappings glibc's main arena grows by brk: one, or more
+    where something split it) length and resident bytes (mincore); None where there is none
+    or it cannot be read."""
+    if _MINCORE is None:
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            spans = [line.split(None, 1)[0] for line in f if line.endswith("[heap]\n")]
+    except OSError:
+        return None
+    if not spans:
+        return None
+    length = resident_bytes = 0
+    for span in spans:
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        pages = (hi - lo + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        if _MINCORE(lo, hi - lo, vec) != 0:
+            return None
+        length += hi - lo
+        resident_bytes += bytes(vec).translate(_LOW_BIT).count(1) * mmap.PAGESIZE
+    return length, resident_bytes
+
+
 def held_free() -> int:
     """Bytes the allocators hold but nothing uses: glibc's free heap chunks (0 elsewhere), less
     what trim_heap gave back (free, not resident), and the actcodec store's mapped pages
-    outside live blocks. Some of them may still not be resident, so RSS less these
+    outside live blocks. Free heap is counted only as far as the main heap's resident pages
+    hold it beside the bytes in use (a heap grown by chunks never written, then freed, holds
+    free bytes that never were resident: counted, live() fell below what was in use by as
+    much). Some may still not be resident (another arena's), so RSS less these
     underestimates live bytes, and RSS / live errs high."""
     h = heap()
     free = 0
     if h is not None:
         with _TRIMMED.lock:
             free = h["heap_free"] - _TRIMMED.seen(h["heap_free"])
+        main = main_heap()
+        if main is not None:
+            length, resident_bytes = main
+            # the bytes in use taken as resident (written, as a tensor's are), every other
+            # arena's as resident free at most
+            bound = resident_bytes + max(0, h["heap"] - length) - h["heap_used"]
+            free = max(0, min(free, bound))
     from . import store
 
     for made in store.made():
