@@ -73,7 +73,7 @@ def run(config: str, s: dict, data: str) -> dict:
     peaks, times, losses = [], [], []
     # every step's peak (the optimizer's step included) as a thread that resets no counter
     # reads it, the same way for every configuration: not what Step reports of itself
-    sampler = Sampler(period=0.001)
+    sampler = Sampler(period=0.001, live=False)  # its RSS alone is read
     sampler.start()
     sampler.on = True
     for i in range(s["steps"]):

@@ -90,7 +90,7 @@ def _run_limited(model, loss_fn, config: str, limit: str, warm_up: int, steps: i
             "that model(**batch).loss takes, loss_fn.batch_loss(model, batch)")
     step = act.Step(model, limit=limit, loss_fn=getattr(loss_fn, "batch_loss", None),
                     allocator=allocator, optimizer=opt)
-    sampler = Sampler(period=0.001)
+    sampler = Sampler(period=0.001, live=False)  # its RSS alone is read
     sampler.start()
     sampler.on = True
     times, peaks, plans = [], [], []
