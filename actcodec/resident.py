@@ -258,23 +258,26 @@ def main_heap() -> tuple[int, int] | None:
     or it cannot be read."""
     if _MINCORE is None:
         return None
-    try:
-        with open("/proc/self/maps") as f:
-            spans = [line.split(None, 1)[0] for line in f if line.endswith("[heap]\n")]
-    except OSError:
-        return None
-    if not spans:
-        return None
-    length = resident_bytes = 0
-    for span in spans:
-        lo, hi = (int(x, 16) for x in span.split("-"))
-        pages = (hi - lo + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vec = (ctypes.c_ubyte * pages)()
-        if _MINCORE(lo, hi - lo, vec) != 0:
+    for _ in range(3):  # the heap's end moves where a free between the two reads shrank it
+        try:
+            with open("/proc/self/maps") as f:
+                spans = [line.split(None, 1)[0] for line in f if line.endswith("[heap]\n")]
+        except OSError:
             return None
-        length += hi - lo
-        resident_bytes += bytes(vec).translate(_LOW_BIT).count(1) * mmap.PAGESIZE
-    return length, resident_bytes
+        if not spans:
+            return None
+        length = resident_bytes = 0
+        for span in spans:
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            pages = (hi - lo + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            if _MINCORE(lo, hi - lo, vec) != 0:
+                break
+            length += hi - lo
+            resident_bytes += bytes(vec).translate(_LOW_BIT).count(1) * mmap.PAGESIZE
+        else:
+            return length, resident_bytes
+    return None
 
 
 def held_free() -> int:
