@@ -181,6 +181,71 @@ def mixtral(router_loss):
         router_aux_loss_coef=0.5))
 
 
+def clip(seed=0):
+    torch.manual_seed(seed)
+    return tf.CLIPModel(tf.CLIPConfig(
+        text_config=dict(vocab_size=100, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=32, patch_size=8),
+        projection_dim=16))
+
+
+def test_a_contrastive_loss_is_never_split_into_micro_batches():
+    """CLIP's loss contrasts every text with every image of the batch: two micro-batches
+    each saw half the negatives (cosine 0.974 to the batch's gradient, silently). Such a
+    model gets no micro-batches; recomputing its blocks stays exact."""
+    g = torch.Generator().manual_seed(1)
+    batch = {"input_ids": torch.randint(0, 100, (4, 8), generator=g),
+             "pixel_values": torch.randn(4, 3, 32, 32, generator=g), "return_loss": True}
+    model = clip()
+    with pytest.raises(ValueError, match="contrastive"):
+        act.Step(model, plan=act.Plan(micro_batches=2))(batch)
+    with act.Step(model, limit="free") as step:
+        step(batch)
+        assert not step.profile.split and step.plan.micro_batches == 1
+    model = clip()
+    assert_plain(model, copy.deepcopy(model), batch, act.Plan(recompute=(0,)))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_a_ctc_models_loss_adds_up_over_micro_batches(reduction):
+    """A CTC model's labels are targets padded with -100, but its loss is a sum over samples
+    (or a mean of each sample's loss over its target length): weighed by their targets as a
+    mean over them, four micro-batches gave a quarter of the gradient (sum) or cosine 0.95
+    (mean). Its sums add; its means weigh by samples."""
+    def wav2vec2():
+        torch.manual_seed(0)
+        return tf.Wav2Vec2ForCTC(tf.Wav2Vec2Config(
+            vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+            ctc_loss_reduction=reduction, hidden_dropout=0.0, attention_dropout=0.0,
+            activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0,
+            mask_time_prob=0.0,
+            pad_token_id=0))
+
+    g = torch.Generator().manual_seed(1)
+    labels = torch.randint(1, 32, (4, 20), generator=g)
+    labels[1, 12:] = -100
+    labels[3, 5:] = -100
+    batch = {"input_values": torch.randn(4, 4000, generator=g), "labels": labels}
+    reference = wav2vec2()
+    expected = reference(**batch).loss
+    expected.backward()
+    model = wav2vec2()
+    with act.Step(model, plan=act.Plan(micro_batches=4)) as step:
+        assert step(batch).item() == pytest.approx(expected.item(), rel=1e-6)
+    got, want = trained(model), trained(reference)
+    whole = [torch.cat([g[n].flatten() for n in want]).double() for g in (got, want)]
+    assert F.cosine_similarity(*whole, dim=0) >= 0.99999
+    assert whole[0].norm() / whole[1].norm() == pytest.approx(1.0, rel=1e-4)
+    for name in want:  # (the keys' biases: a gradient of zero, its rounding left)
+        if want[name].norm() > 1e-6 * whole[1].norm():
+            assert F.cosine_similarity(got[name].flatten().double(),
+                                       want[name].flatten().double(), dim=0) >= 0.99999, name
+
+
 def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():
     """A mixture of experts' load-balancing loss is a statistic over the whole batch: taken
     per micro-batch, two micro-batches moved the loss by 1.3e-4 of itself and the router's

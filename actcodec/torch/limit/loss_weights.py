@@ -35,10 +35,12 @@ def shares(batch, size: int, ranges: list, default_loss: bool, counted=None,
     divides by it (divides_by_items), or by the targets of its `labels` (`counted`:
     start_counting's, all 0 where the batch has no target: its loss is NaN, as one
     forward's; given with the count, start_counting found the loss does not divide by it);
-    anything else (a loss_fn's mean, or labels not per sample): by sample count."""
+    a CTC model's (ctc_reduction): all 1 for a sum, by sample count for a mean; anything else
+    (a loss_fn's mean, or labels not per sample): by sample count."""
     if default_loss and isinstance(batch, Mapping):
-        if batch.get("num_items_in_batch") is not None and counted is None and \
-                divides_by_items(model, batch):
+        if ctc_reduction(model) == "sum" or (
+                batch.get("num_items_in_batch") is not None and counted is None and
+                divides_by_items(model, batch)):
             return [1.0] * len(ranges)
         if counted is not None:
             per_sample = counted.read()
@@ -67,7 +69,7 @@ def start_counting(model, batch, size: int, wanted: bool = True):
     behind the work already there and read once the plan is made, rather than waited for at
     once; None where they are not known, not `wanted`, or the micro-batches' losses are
     normalized over the whole batch already (`num_items_in_batch`, divides_by_items)."""
-    if not wanted or not isinstance(batch, Mapping) or (
+    if not wanted or not isinstance(batch, Mapping) or ctc_reduction(model) is not None or (
             batch.get("num_items_in_batch") is not None and divides_by_items(model, batch)):
         return None
     per_sample = per_sample_targets(model, batch, size)
@@ -139,18 +141,49 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     return counted.flatten(1).sum(1) if counted.dim() >= 2 else counted.to(torch.int64)
 
 
+def ctc_reduction(model) -> str | None:
+    """The reduction of a transformers CTC model's loss (its config's ctc_loss_reduction:
+    "sum" over samples, or "mean": each sample's loss over its target length, then the
+    mean over samples), None for any other model. Its labels are targets padded with -100,
+    but its loss is no mean over them: micro-batches' sums add up, and means weigh by their
+    samples."""
+    model = wrapped.inner(model) if model is not None else None
+    config = getattr(model, "config", None)
+    if not type(model).__name__.endswith("ForCTC") or config is None:
+        return None
+    return getattr(config, "ctc_loss_reduction", None)
+
+
 def batch_level_term(model) -> str | None:
     """What in the model's own loss is a statistic over the whole batch, which micro-batches
     would each take over their part (so that they no longer add up to the batch's gradient),
     or None: a transformers mixture of experts whose loss adds the router's load-balancing
     loss (`output_router_logits` in its config, a nonzero `router_aux_loss_coef`): the
-    share of the batch's tokens each expert gets times its mean routing probability."""
-    config = getattr(wrapped.inner(model), "config", None)
+    share of the batch's tokens each expert gets times its mean routing probability; a
+    contrastive loss over the batch's pairs (_contrastive)."""
+    inner = wrapped.inner(model)
+    config = getattr(inner, "config", None)
     if getattr(config, "output_router_logits", False) and \
             getattr(config, "router_aux_loss_coef", 0):
         return ("the model's loss adds its router's load-balancing loss, a statistic over the "
                 "whole batch (output_router_logits): it would be per micro-batch")
+    if _contrastive(inner):
+        return ("the model's loss is contrastive (return_loss): each sample's negatives are "
+                "the batch's other samples, which a micro-batch would not see")
     return None
+
+
+def _contrastive(model) -> bool:
+    """Whether `model` is a transformers dual encoder whose loss contrasts every pair in the
+    batch (CLIP, SigLIP, ALIGN, BLIP, CLAP...): its forward takes `return_loss` and the model
+    holds the contrastive loss's scale (a `logit_scale...` or `temperature` parameter of its
+    own; a time-series model's return_loss, a per-sample loss, has none)."""
+    try:
+        takes = "return_loss" in inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return takes and any(name.startswith("logit_scale") or name == "temperature"
+                         for name, _ in model.named_parameters(recurse=False))
 
 
 def divides_by_items(model, batch=None) -> bool:
