@@ -208,6 +208,27 @@ def test_a_contrastive_loss_is_never_split_into_micro_batches():
     assert_plain(model, copy.deepcopy(model), batch, act.Plan(recompute=(0,)))
 
 
+def assert_whole_batch(make, batch, plan):
+    """Step's loss and gradient under `plan` against one plain forward and backward of
+    `make()`'s model: the loss, the whole gradient's direction and size, and each
+    parameter's gradient that is not numerically zero (attention's key biases, a random
+    init's unused norms: a gradient of zero, rounding left)."""
+    reference = make()
+    expected = reference(**batch).loss
+    expected.backward()
+    model = make()
+    with act.Step(model, plan=plan) as step:
+        assert step(batch).item() == pytest.approx(expected.item(), rel=1e-6)
+    got, want = trained(model), trained(reference)
+    whole = [torch.cat([g[n].flatten() for n in want]).double() for g in (got, want)]
+    assert F.cosine_similarity(*whole, dim=0) >= 0.99999
+    assert whole[0].norm() / whole[1].norm() == pytest.approx(1.0, rel=1e-4)
+    for name in want:
+        if want[name].norm() > 1e-5 * whole[1].norm():
+            assert F.cosine_similarity(got[name].flatten().double(),
+                                       want[name].flatten().double(), dim=0) >= 0.99999, name
+
+
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_a_ctc_models_loss_adds_up_over_micro_batches(reduction):
     """A CTC model's labels are targets padded with -100, but its loss is a sum over samples
@@ -230,20 +251,28 @@ def test_a_ctc_models_loss_adds_up_over_micro_batches(reduction):
     labels[1, 12:] = -100
     labels[3, 5:] = -100
     batch = {"input_values": torch.randn(4, 4000, generator=g), "labels": labels}
-    reference = wav2vec2()
-    expected = reference(**batch).loss
-    expected.backward()
-    model = wav2vec2()
-    with act.Step(model, plan=act.Plan(micro_batches=4)) as step:
-        assert step(batch).item() == pytest.approx(expected.item(), rel=1e-6)
-    got, want = trained(model), trained(reference)
-    whole = [torch.cat([g[n].flatten() for n in want]).double() for g in (got, want)]
-    assert F.cosine_similarity(*whole, dim=0) >= 0.99999
-    assert whole[0].norm() / whole[1].norm() == pytest.approx(1.0, rel=1e-4)
-    for name in want:  # (the keys' biases: a gradient of zero, its rounding left)
-        if want[name].norm() > 1e-6 * whole[1].norm():
-            assert F.cosine_similarity(got[name].flatten().double(),
-                                       want[name].flatten().double(), dim=0) >= 0.99999, name
+    assert_whole_batch(wav2vec2, batch, act.Plan(micro_batches=4))
+
+
+def test_a_segmentation_models_ignored_pixels_weigh_nothing():
+    """SegFormer's loss skips pixels labelled 255 (its config's semantic_loss_ignore_index),
+    not -100: counted as targets, samples with unlabelled regions weighed as much as fully
+    labelled ones (four micro-batches: cosine 0.82 to the batch's gradient)."""
+    def segformer():
+        torch.manual_seed(0)
+        return tf.SegformerForSemanticSegmentation(tf.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+            patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+            decoder_hidden_size=32, num_labels=5, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
+            drop_path_rate=0.0)).eval()  # (batch norm: micro-batches in eval mode only)
+
+    g = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, 5, (4, 64, 64), generator=g)
+    labels[1, :48] = 255
+    labels[3, :, :16] = 255
+    batch = {"pixel_values": torch.randn(4, 3, 64, 64, generator=g), "labels": labels}
+    assert_whole_batch(segformer, batch, act.Plan(micro_batches=4))
 
 
 def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():

@@ -3,7 +3,8 @@ of one full-batch forward.
 
 The default loss of a dict batch, `model(**b).loss`, is a mean over the targets the loss
 counts, not over samples. transformers' losses (and torch's cross entropy) skip labels of
--100, which is how every Hugging Face collator pads them; a causal LM's loss
+-100, which is how every Hugging Face collator pads them (a segmentation model's skip its
+config's ignore index, 255); a causal LM's loss
 (transformers.loss.loss_utils.ForCausalLMLoss) first shifts them by one (the target of
 position t is labels[t + 1]), so a row's first label is never a target. A micro-batch's share
 is its count of targets over the batch's. With `num_items_in_batch` in the batch (as
@@ -120,7 +121,8 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     """Per sample (a tensor on the labels' device, nothing read), how many targets the
     default loss of `batch` averages over, or None where that is not known (no `labels`
     tensor with one row per sample, `size` rows where given). Integer labels: those not -100
-    (a causal LM's after its shift, or `shift_labels` where the batch gives them); float
+    (ignore_index: a segmentation model's own; a causal LM's after its shift, or
+    `shift_labels` where the batch gives them); float
     labels (regression, multi-label): every element."""
     if not isinstance(batch, Mapping):
         return None
@@ -137,7 +139,7 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
                           device=labels.device)
     if not given and labels.dim() >= 2 and shifts_labels(model):
         labels = labels[..., 1:]
-    counted = labels != IGNORE_INDEX
+    counted = labels != ignore_index(model)
     return counted.flatten(1).sum(1) if counted.dim() >= 2 else counted.to(torch.int64)
 
 
@@ -152,6 +154,15 @@ def ctc_reduction(model) -> str | None:
     if not type(model).__name__.endswith("ForCTC") or config is None:
         return None
     return getattr(config, "ctc_loss_reduction", None)
+
+
+def ignore_index(model) -> int:
+    """The label the model's own loss skips: -100 (transformers' and torch's), or a
+    segmentation model's `semantic_loss_ignore_index` (255 by default: SegFormer, BEiT, DPT,
+    UperNet...)."""
+    config = getattr(wrapped.inner(model), "config", None) if model is not None else None
+    index = getattr(config, "semantic_loss_ignore_index", None)
+    return index if isinstance(index, int) else IGNORE_INDEX
 
 
 def batch_level_term(model) -> str | None:
