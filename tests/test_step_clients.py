@@ -275,6 +275,34 @@ def test_a_segmentation_models_ignored_pixels_weigh_nothing():
     assert_whole_batch(segformer, batch, act.Plan(micro_batches=4))
 
 
+def test_a_loss_of_two_means_over_other_counts_is_not_split():
+    """BERT's pretraining loss adds the masked LM's mean over its labelled tokens to the next
+    sentence's mean over samples: with samples of different numbers of labelled tokens, no
+    share of each micro-batch gives both (four micro-batches: cosine 0.998, the loss 4e-4
+    off, silently). Such a batch gets no micro-batches; with as many targets in every
+    sample, both means weigh alike and micro-batches add up."""
+    def bert():
+        torch.manual_seed(0)
+        return tf.BertForPreTraining(tf.BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 100, (4, 32), generator=g)
+    labels = torch.full_like(ids, -100)
+    for row, labelled in enumerate([2, 10, 4, 12]):
+        labels[row, :labelled] = ids[row, :labelled]
+    batch = {"input_ids": ids, "labels": labels, "next_sentence_label": torch.tensor([0, 1, 1, 0])}
+    model = bert()
+    with pytest.raises(ValueError, match="next_sentence_label"):
+        act.Step(model, plan=act.Plan(micro_batches=4))(batch)
+    with act.Step(model, limit="free") as step:
+        step(batch)
+        assert not step.profile.split and step.plan.micro_batches == 1
+    batch["labels"] = torch.where(torch.arange(32) < 6, ids, -100)  # six in every sample
+    assert_whole_batch(bert, batch, act.Plan(micro_batches=4))
+
+
 def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():
     """A mixture of experts' load-balancing loss is a statistic over the whole batch: taken
     per micro-batch, two micro-batches moved the loss by 1.3e-4 of itself and the router's

@@ -165,6 +165,31 @@ def ignore_index(model) -> int:
     return index if isinstance(index, int) else IGNORE_INDEX
 
 
+# Labels of one per sample that a transformers pretraining or double head's loss takes beside
+# its token `labels` (BERT's and Megatron-BERT's next sentence, ALBERT's sentence order,
+# GPT-2's and GPT's multiple choice)
+SAMPLE_LABELS = ("next_sentence_label", "sentence_order_label", "mc_labels")
+
+
+def mixed_means(model, batch) -> str | None:
+    """Why micro-batches of this batch cannot add up to its loss, or None: a loss that adds
+    a mean over the targets of `labels` to a mean over the samples of another label
+    (SAMPLE_LABELS), where the samples hold different numbers of targets: no one share of
+    each micro-batch weighs both."""
+    if not isinstance(batch, Mapping):
+        return None
+    other = next((key for key in SAMPLE_LABELS if batch.get(key) is not None), None)
+    if other is None:
+        return None
+    per_sample = per_sample_targets(model, batch)
+    if per_sample is None or per_sample.numel() < 2 or \
+            bool((per_sample == per_sample[0]).all()):
+        return None
+    return (f"the model's loss adds a mean over the targets of `labels` to one over the "
+            f"samples of `{other}`, and its samples hold different numbers of targets: no "
+            f"share of each micro-batch weighs both")
+
+
 def batch_level_term(model) -> str | None:
     """What in the model's own loss is a statistic over the whole batch, which micro-batches
     would each take over their part (so that they no longer add up to the batch's gradient),

@@ -374,7 +374,7 @@ class Step:
                 if probed:
                     seconds["profile"] = time.perf_counter() - t0
             last = self.plan
-            plan = self._plan_for(size, key, limit, floor)
+            plan = self._plan_for(size, key, limit, floor, batch)
             if lowered or plan != last:  # give back the pages a larger plan or probes kept
                 meter.give_back()
         probes = before.nbytes if "profile" in seconds else 0
@@ -398,7 +398,7 @@ class Step:
         if tokens is None:
             run, count, split, first = (
                 lambda n: self._loss(mb.take(batch, size, 0, n), loss_fn)[0],
-                size, self._split(), None)
+                size, self._split(batch), None)
         else:  # one sample along its tokens: probes on its first n
             run, count, split, first = (
                 lambda n: self._loss(shape.first_tokens(batch, tokens, n), loss_fn)[0],
@@ -572,13 +572,16 @@ class Step:
         accumulate._add_back(params, kept)
         return loss
 
-    def _split(self) -> bool:
-        return self._unsplit() is None
+    def _split(self, batch=None) -> bool:
+        return self._unsplit(batch) is None
 
-    def _unsplit(self) -> str | None:
+    def _unsplit(self, batch=None) -> str | None:
         """Why micro-batches would not add up to the batch's gradient now (None: they do): a
-        statistic over the whole batch in the forward or the loss."""
+        statistic over the whole batch in the forward or the loss, or means over two counts
+        in the loss of `batch` (where given)."""
         aux = loss_weights.batch_level_term(self.model)
+        if aux is None and batch is not None:
+            aux = loss_weights.mixed_means(self.model, batch)
         if aux is not None:
             return aux
         if not self.ghost_batchnorm and any(
@@ -594,14 +597,14 @@ class Step:
         alone)."""
         return meter.live() + optimizer_state.pending_bytes(self.optimizer)
 
-    def _plan_for(self, size, key, limit, floor) -> limit_plan.Plan:
+    def _plan_for(self, size, key, limit, floor, batch) -> limit_plan.Plan:
         if self.frozen and self.plan is not None:
-            self._check_pinned(self.plan, size, limit, floor)
+            self._check_pinned(self.plan, size, limit, floor, batch)
             return self.plan
         if limit is None:
             self.plan = limit_plan.Plan()
             return self.plan
-        plan = self._planning.plan(size, key, self._split(), limit - floor, self.plan)
+        plan = self._planning.plan(size, key, self._split(batch), limit - floor, self.plan)
         after = optimizer_state.step_bytes(self.optimizer)
         if plan is not None and planning.available(limit - floor) < after:
             plan = None  # the step would fit, the optimizer's step after it would not
@@ -650,10 +653,10 @@ class Step:
             " (pass optimizer= to Step so that the first step plans for the state the "
             "optimizer creates)")
 
-    def _check_pinned(self, plan, size: int, limit, floor: int) -> None:
+    def _check_pinned(self, plan, size: int, limit, floor: int, batch) -> None:
         """A pinned plan's refusals before it runs: micro-batches where they would not add up
         (_unsplit), a limit the process is already above."""
-        why = self._unsplit()
+        why = self._unsplit(batch)
         if plan.micro_batches > 1 and size > 1 and why is not None:
             raise ValueError(f"the pinned plan has {plan.micro_batches} micro-batches, but "
                              f"{why}; pin micro_batches=1")
