@@ -181,6 +181,17 @@ def mixtral(router_loss):
         router_aux_loss_coef=0.5))
 
 
+def assert_never_split(model, batch, why):
+    """A pinned plan of micro-batches is refused, naming `why`, before .grad is touched; a
+    planned step keeps the batch whole."""
+    with pytest.raises(ValueError, match=why):
+        act.Step(model, plan=act.Plan(micro_batches=2))(batch)
+    assert all(p.grad is None for p in model.parameters())
+    with act.Step(model, limit="free") as step:
+        step(batch)
+        assert not step.profile.split and step.plan.micro_batches == 1
+
+
 def clip(seed=0):
     torch.manual_seed(seed)
     return tf.CLIPModel(tf.CLIPConfig(
@@ -198,12 +209,7 @@ def test_a_contrastive_loss_is_never_split_into_micro_batches():
     g = torch.Generator().manual_seed(1)
     batch = {"input_ids": torch.randint(0, 100, (4, 8), generator=g),
              "pixel_values": torch.randn(4, 3, 32, 32, generator=g), "return_loss": True}
-    model = clip()
-    with pytest.raises(ValueError, match="contrastive"):
-        act.Step(model, plan=act.Plan(micro_batches=2))(batch)
-    with act.Step(model, limit="free") as step:
-        step(batch)
-        assert not step.profile.split and step.plan.micro_batches == 1
+    assert_never_split(clip(), batch, "contrastive")
     model = clip()
     assert_plain(model, copy.deepcopy(model), batch, act.Plan(recompute=(0,)))
 
@@ -293,12 +299,7 @@ def test_a_loss_of_two_means_over_other_counts_is_not_split():
     for row, labelled in enumerate([2, 10, 4, 12]):
         labels[row, :labelled] = ids[row, :labelled]
     batch = {"input_ids": ids, "labels": labels, "next_sentence_label": torch.tensor([0, 1, 1, 0])}
-    model = bert()
-    with pytest.raises(ValueError, match="next_sentence_label"):
-        act.Step(model, plan=act.Plan(micro_batches=4))(batch)
-    with act.Step(model, limit="free") as step:
-        step(batch)
-        assert not step.profile.split and step.plan.micro_batches == 1
+    assert_never_split(bert(), batch, "next_sentence_label")
     batch["labels"] = torch.where(torch.arange(32) < 6, ids, -100)  # six in every sample
     assert_whole_batch(bert, batch, act.Plan(micro_batches=4))
 
@@ -308,13 +309,7 @@ def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():
     per micro-batch, two micro-batches moved the loss by 1.3e-4 of itself and the router's
     gradients to cosine 0.57. Such a model gets no micro-batches (a pinned plan of several
     is a ValueError, as with batch norm); without the router loss they add up."""
-    model = mixtral(router_loss=True)
-    with pytest.raises(ValueError, match="load-balancing"):
-        act.Step(model, plan=act.Plan(micro_batches=2))(padded())
-    assert model.model.layers[0].mlp.gate.weight.grad is None
-    with act.Step(model, limit="free") as step:
-        step(padded())
-        assert not step.profile.split and step.plan.micro_batches == 1
+    assert_never_split(mixtral(router_loss=True), padded(), "load-balancing")
     model = mixtral(router_loss=True)
     assert_plain(model, copy.deepcopy(model), padded(), EVERY, exact=True)
     model = mixtral(router_loss=False)
