@@ -304,6 +304,27 @@ def test_a_loss_of_two_means_over_other_counts_is_not_split():
     assert_whole_batch(bert, batch, act.Plan(micro_batches=4))
 
 
+def test_a_loss_over_the_attended_tokens_weighs_them():
+    """ELECTRA's discriminator takes its loss over the tokens its attention mask keeps; its
+    labels (replaced or not) are never -100: counted as targets, padded samples weighed as
+    much as full ones (four micro-batches: cosine 0.964 to the batch's gradient)."""
+    def electra():
+        torch.manual_seed(0)
+        return tf.ElectraForPreTraining(tf.ElectraConfig(
+            vocab_size=100, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=2, intermediate_size=64, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0))
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 100, (4, 32), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    mask[3, 20:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask,
+             "labels": torch.randint(0, 2, (4, 32), generator=g)}
+    assert_whole_batch(electra, batch, act.Plan(micro_batches=4))
+
+
 def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():
     """A mixture of experts' load-balancing loss is a statistic over the whole batch: taken
     per micro-batch, two micro-batches moved the loss by 1.3e-4 of itself and the router's

@@ -122,7 +122,8 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     default loss of `batch` averages over, or None where that is not known (no `labels`
     tensor with one row per sample, `size` rows where given). Integer labels: those not -100
     (ignore_index: a segmentation model's own; a causal LM's after its shift, or
-    `shift_labels` where the batch gives them); float
+    `shift_labels` where the batch gives them; of the tokens the attention mask keeps, where
+    the model's loss takes only those: _loss_on_attended); float
     labels (regression, multi-label): every element."""
     if not isinstance(batch, Mapping):
         return None
@@ -140,7 +141,21 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     if not given and labels.dim() >= 2 and shifts_labels(model):
         labels = labels[..., 1:]
     counted = labels != ignore_index(model)
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.shape == counted.shape and \
+            _loss_on_attended(model):
+        counted = counted & (mask == 1)
     return counted.flatten(1).sum(1) if counted.dim() >= 2 else counted.to(torch.int64)
+
+
+def _loss_on_attended(model) -> bool:
+    """Whether the model's forward takes its loss over the tokens its attention mask keeps
+    only (transformers' `active_loss = attention_mask... == 1`: ELECTRA's and Funnel's
+    discriminators, whose labels are never -100, and a few token classifiers)."""
+    if model is None:
+        return False
+    forward = inspect.unwrap(type(wrapped.inner(model)).forward)
+    return "active_loss" in getattr(getattr(forward, "__code__", None), "co_varnames", ())
 
 
 def ctc_reduction(model) -> str | None:
