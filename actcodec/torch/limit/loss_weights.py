@@ -164,19 +164,22 @@ def ctc_reduction(model) -> str | None:
     mean over samples), None for any other model. Its labels are targets padded with -100,
     but its loss is no mean over them: micro-batches' sums add up, and means weigh by their
     samples."""
-    model = wrapped.inner(model) if model is not None else None
-    config = getattr(model, "config", None)
-    if not type(model).__name__.endswith("ForCTC") or config is None:
+    config = _config(model)
+    if config is None or not type(wrapped.inner(model)).__name__.endswith("ForCTC"):
         return None
     return getattr(config, "ctc_loss_reduction", None)
+
+
+def _config(model):
+    """The transformers config of `model` (a wrapper's: its model's), or None."""
+    return None if model is None else getattr(wrapped.inner(model), "config", None)
 
 
 def ignore_index(model) -> int:
     """The label the model's own loss skips: -100 (transformers' and torch's), or a
     segmentation model's `semantic_loss_ignore_index` (255 by default: SegFormer, BEiT, DPT,
     UperNet...)."""
-    config = getattr(wrapped.inner(model), "config", None) if model is not None else None
-    index = getattr(config, "semantic_loss_ignore_index", None)
+    index = getattr(_config(model), "semantic_loss_ignore_index", None)
     return index if isinstance(index, int) else IGNORE_INDEX
 
 
@@ -212,13 +215,12 @@ def batch_level_term(model) -> str | None:
     loss (`output_router_logits` in its config, a nonzero `router_aux_loss_coef`): the
     share of the batch's tokens each expert gets times its mean routing probability; a
     contrastive loss over the batch's pairs (_contrastive)."""
-    inner = wrapped.inner(model)
-    config = getattr(inner, "config", None)
+    config = _config(model)
     if getattr(config, "output_router_logits", False) and \
             getattr(config, "router_aux_loss_coef", 0):
         return ("the model's loss adds its router's load-balancing loss, a statistic over the "
                 "whole batch (output_router_logits): it would be per micro-batch")
-    if _contrastive(inner):
+    if _contrastive(wrapped.inner(model)):
         return ("the model's loss is contrastive (return_loss): each sample's negatives are "
                 "the batch's other samples, which a micro-batch would not see")
     return None
