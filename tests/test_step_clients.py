@@ -5,6 +5,8 @@ the user's on padded labels. Each against plain PyTorch on the same batch."""
 import copy
 import warnings
 
+import numpy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ tf = pytest.importorskip("transformers")
 
 import _padded  # noqa: E402
 import actcodec.torch as act  # noqa: E402
+from actcodec.torch.limit import micro_batches  # noqa: E402
 
 VOCAB = 512
 EVERY = act.Plan(recompute=(0, 1, 2))
@@ -323,6 +326,117 @@ def test_a_loss_over_the_attended_tokens_weighs_them():
     batch = {"input_ids": ids, "attention_mask": mask,
              "labels": torch.randint(0, 2, (4, 32), generator=g)}
     assert_whole_batch(electra, batch, act.Plan(micro_batches=4))
+
+
+def test_a_masked_image_models_loss_weighs_micro_batches_by_their_masked_patches():
+    """SimMIM's loss (ViT's masked image modeling head, no labels) averages the
+    reconstruction over the patches `bool_masked_pos` masks: weighed by samples, two
+    micro-batches of unevenly masked images gave cosine 0.992 to the batch's gradient."""
+    def simmim():
+        torch.manual_seed(0)
+        return tf.ViTForMaskedImageModeling(tf.ViTConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            image_size=32, patch_size=8, encoder_stride=8, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0))
+
+    masked = torch.zeros(4, 16, dtype=torch.bool)
+    for row, patches in enumerate([2, 10, 4, 12]):
+        masked[row, :patches] = True
+    batch = {"pixel_values": torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1)),
+             "bool_masked_pos": masked}
+    assert_whole_batch(simmim, batch, act.Plan(micro_batches=2))
+
+
+def assert_bit_identical(make, batch):
+    """Step without a limit gives one plain forward and backward's loss and gradients, bit
+    for bit."""
+    model, reference = make(), make()
+    expected = reference(**batch).loss
+    expected.backward()
+    with act.Step(model) as step:
+        assert torch.equal(step(batch), expected.detach())
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert (p.grad is None) == (q.grad is None)
+        assert p.grad is None or torch.equal(p.grad, q.grad)
+
+
+def yolos():
+    torch.manual_seed(0)
+    return tf.YolosForObjectDetection(tf.YolosConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        image_size=[32, 32], patch_size=8, num_detection_tokens=5, num_labels=3,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def test_a_detection_models_targets_per_sample_are_cut_with_its_samples_and_never_split():
+    """A DETR-style model (YOLOS here) takes `labels` as a list of one dict of boxes per
+    image, matches each image's queries to them, then divides by the boxes of the whole
+    batch: the list was passed whole to micro-batches and probes of fewer images (an
+    IndexError in the matcher), and micro-batches weighed by images would not add up. The
+    list is cut with the samples (the probes'), and the batch is never split."""
+    g = torch.Generator().manual_seed(1)
+    labels = [{"class_labels": torch.randint(0, 3, (boxes,), generator=g),
+               "boxes": torch.rand(boxes, 4, generator=g) * 0.5 + 0.25} for boxes in [1, 3, 1, 2]]
+    batch = {"pixel_values": torch.randn(4, 3, 32, 32, generator=g), "labels": labels}
+    assert_never_split(yolos(), batch, "list of targets per sample")
+    assert_bit_identical(yolos, batch)
+    assert micro_batches.take(batch, 4, 1, 3)["labels"] == labels[1:3]
+
+
+def test_labels_that_are_not_one_row_per_sample_are_refused_under_a_limit():
+    """BEiT's masked image modeling takes the labels of the masked patches alone, one row for
+    the whole batch: no micro-batch and no probe of fewer samples can cut them (the probes
+    failed deep in the loss). Under a limit that is a ValueError naming them, before .grad
+    is touched; one micro-batch without a limit runs."""
+    def beit():
+        torch.manual_seed(0)
+        return tf.BeitForMaskedImageModeling(tf.BeitConfig(
+            vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, image_size=32, patch_size=8, use_mask_token=True,
+            drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+    g = torch.Generator().manual_seed(1)
+    masked = torch.zeros(4, 16, dtype=torch.bool)
+    for row, patches in enumerate([2, 10, 4, 12]):
+        masked[row, :patches] = True
+    batch = {"pixel_values": torch.randn(4, 3, 32, 32, generator=g), "bool_masked_pos": masked,
+             "labels": torch.randint(0, 50, (int(masked.sum()),), generator=g)}
+    model = beit()
+    with pytest.raises(ValueError, match=r"labels \(shape \(28,\)\) are not one row per sample"):
+        act.Step(model, limit="free")(batch)
+    with pytest.raises(ValueError, match="not one row per sample"):
+        act.Step(model, plan=act.Plan(micro_batches=2))(batch)
+    assert all(p.grad is None for p in model.parameters())
+    assert_bit_identical(beit, batch)
+
+
+def test_wav2vec2_pretraining_is_never_split():
+    """wav2vec 2.0's pretraining batch holds `sampled_negative_indices` into the frames of
+    the whole batch (the second of two micro-batches indexed past its own: an IndexError),
+    and its loss takes the codevectors' perplexity over the batch."""
+    from transformers.models.wav2vec2.modeling_wav2vec2 import (
+        _compute_mask_indices, _sample_negative_indices)
+
+    def wav2vec2():
+        torch.manual_seed(0)
+        return tf.Wav2Vec2ForPreTraining(tf.Wav2Vec2Config(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 8),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+            codevector_dim=16, proj_codevector_dim=16, num_codevectors_per_group=8,
+            num_codevector_groups=2, num_negatives=4, mask_time_prob=0.05, hidden_dropout=0.0,
+            attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+            layerdrop=0.0))
+
+    model = wav2vec2()
+    frames = int(model._get_feat_extract_output_lengths(4000))
+    numpy.random.seed(0)  # transformers' mask and negatives sampling draws from NumPy's
+    masked = _compute_mask_indices((4, frames), mask_prob=0.3, mask_length=2)
+    negatives = _sample_negative_indices((4, frames), 4, mask_time_indices=masked)
+    batch = {"input_values": torch.randn(4, 4000, generator=torch.Generator().manual_seed(1)),
+             "mask_time_indices": torch.tensor(masked),
+             "sampled_negative_indices": torch.tensor(negatives)}
+    assert_never_split(model, batch, "sampled_negative_indices")
 
 
 def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():

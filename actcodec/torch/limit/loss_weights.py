@@ -124,12 +124,19 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     (ignore_index: a segmentation model's own; a causal LM's after its shift, or
     `shift_labels` where the batch gives them; of the tokens the attention mask keeps, where
     the model's loss takes only those: _loss_on_attended); float
-    labels (regression, multi-label): every element."""
+    labels (regression, multi-label): every element. A masked image model without labels
+    (SimMIM's, whose loss is a mean over the masked patches): its `bool_masked_pos`."""
     if not isinstance(batch, Mapping):
         return None
     shifted = batch.get("shift_labels")
     given = isinstance(shifted, torch.Tensor)  # shifted already: counted as they are
     labels = shifted if given else batch.get("labels")
+    if labels is None and _masked_image_modeling(model):
+        labels = batch.get("bool_masked_pos")  # SimMIM's loss: a mean over masked patches
+        if isinstance(labels, torch.Tensor) and labels.dim() >= 2 and \
+                (size is None or labels.shape[0] == size):
+            return labels.flatten(1).sum(1, dtype=torch.int64)
+        return None
     if not isinstance(labels, torch.Tensor) or labels.dim() == 0:
         return None
     if size is not None and labels.shape[0] != size:
@@ -146,6 +153,14 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
             _loss_on_attended(model):
         counted = counted & (mask == 1)
     return counted.flatten(1).sum(1) if counted.dim() >= 2 else counted.to(torch.int64)
+
+
+def _masked_image_modeling(model) -> bool:
+    """Whether `model` is a transformers masked image model (ViT's, Swin's, DeiT's SimMIM
+    heads: *ForMaskedImageModeling), whose loss without labels averages the reconstruction
+    over the patches its `bool_masked_pos` masks."""
+    return model is not None and \
+        type(wrapped.inner(model)).__name__.endswith("ForMaskedImageModeling")
 
 
 def _loss_on_attended(model) -> bool:
@@ -206,6 +221,50 @@ def mixed_means(model, batch) -> str | None:
     return (f"the model's loss adds a mean over the targets of `labels` to one over the "
             f"samples of `{other}`, and its samples hold different numbers of targets: no "
             f"share of each micro-batch weighs both")
+
+
+# The keys under which transformers' detection and universal segmentation models take their
+# targets as a list of one dict or tensor per sample (DETR's and YOLOS' `labels`,
+# MaskFormer's `mask_labels` and `class_labels`)
+OBJECT_TARGETS = ("labels", "mask_labels", "class_labels")
+
+
+def whole_batch_targets(batch, size: int) -> str | None:
+    """Why the targets of this dict batch cannot be shared among micro-batches, or None:
+    targets as a list per sample (OBJECT_TARGETS: such a loss matches each sample's objects,
+    then divides by the objects of the whole batch, DETR's num_boxes, and weighs its
+    no-object class against them); `labels` that are not one row per sample, or those of a
+    masked image model (BEiT's: of the masked patches alone, in one row for the batch);
+    indices into the whole batch's frames (wav2vec 2.0 pretraining's
+    `sampled_negative_indices`, whose loss also takes the codevectors' perplexity over the
+    batch)."""
+    if not isinstance(batch, Mapping) or size < 2:
+        return None
+    for key in OBJECT_TARGETS:
+        if isinstance(batch.get(key), (list, tuple)):
+            return (f"the batch's `{key}` is a list of targets per sample, and the model's loss "
+                    f"matches objects and divides by those of the whole batch (DETR's "
+                    f"num_boxes): micro-batches would weigh them by samples")
+    uncut = uncut_labels(batch, size)
+    if uncut is not None:
+        return uncut
+    if isinstance(batch.get("sampled_negative_indices"), torch.Tensor):
+        return ("the batch's sampled_negative_indices index the frames of the whole batch, "
+                "and the model's loss takes its codevectors' perplexity over the batch")
+    return None
+
+
+def uncut_labels(batch, size: int) -> str | None:
+    """Why the `labels` tensor of this dict batch cannot be cut into the labels of its samples,
+    or None: not one row per sample, or a masked image model's (beside `bool_masked_pos`: of
+    the masked patches alone, BEiT's, in one row for the batch)."""
+    labels = batch.get("labels") if isinstance(batch, Mapping) and size > 1 else None
+    if isinstance(labels, torch.Tensor) and (
+            labels.dim() == 0 or labels.shape[0] != size or
+            isinstance(batch.get("bool_masked_pos"), torch.Tensor)):
+        return (f"the batch's labels (shape {tuple(labels.shape)}) are not one row per sample "
+                f"of the {size}: they cannot be cut with its samples")
+    return None
 
 
 def batch_level_term(model) -> str | None:

@@ -395,10 +395,16 @@ class Step:
         """Profiles the model at this batch's shape (step_profile.measure) within the limit;
         returns the floor after it."""
         self._refuse_without_room(limit, floor)  # before a probe takes it over
+        uncut = loss_weights.uncut_labels(batch, size) if tokens is None else None
+        if uncut is not None:
+            raise ValueError(
+                f"Step plans a step under a limit from probes of the batch's first samples, "
+                f"but {uncut}; give labels of one row per sample, or run it with limit=None "
+                f"(or a pinned plan=act.Plan())")
         if tokens is None:
             run, count, split, first = (
                 lambda n: self._loss(mb.take(batch, size, 0, n), loss_fn)[0],
-                size, self._split(batch), None)
+                size, self._split(batch, size), None)
         else:  # one sample along its tokens: probes on its first n
             run, count, split, first = (
                 lambda n: self._loss(shape.first_tokens(batch, tokens, n), loss_fn)[0],
@@ -572,16 +578,18 @@ class Step:
         accumulate._add_back(params, kept)
         return loss
 
-    def _split(self, batch=None) -> bool:
-        return self._unsplit(batch) is None
+    def _split(self, batch=None, size: int = 0) -> bool:
+        return self._unsplit(batch, size) is None
 
-    def _unsplit(self, batch=None) -> str | None:
+    def _unsplit(self, batch=None, size: int = 0) -> str | None:
         """Why micro-batches would not add up to the batch's gradient now (None: they do): a
-        statistic over the whole batch in the forward or the loss, or means over two counts
-        in the loss of `batch` (where given)."""
+        statistic over the whole batch in the forward or the loss, or, of `batch` (where
+        given, of `size` samples), means over two counts in its loss or targets that cannot
+        be shared among micro-batches."""
         aux = loss_weights.batch_level_term(self.model)
         if aux is None and batch is not None:
-            aux = loss_weights.mixed_means(self.model, batch)
+            aux = loss_weights.mixed_means(self.model, batch) or \
+                loss_weights.whole_batch_targets(batch, size)
         if aux is not None:
             return aux
         if not self.ghost_batchnorm and any(
@@ -604,7 +612,8 @@ class Step:
         if limit is None:
             self.plan = limit_plan.Plan()
             return self.plan
-        plan = self._planning.plan(size, key, self._split(batch), limit - floor, self.plan)
+        plan = self._planning.plan(size, key, self._split(batch, size), limit - floor,
+                                     self.plan)
         after = optimizer_state.step_bytes(self.optimizer)
         if plan is not None and planning.available(limit - floor) < after:
             plan = None  # the step would fit, the optimizer's step after it would not
@@ -656,7 +665,7 @@ class Step:
     def _check_pinned(self, plan, size: int, limit, floor: int, batch) -> None:
         """A pinned plan's refusals before it runs: micro-batches where they would not add up
         (_unsplit), a limit the process is already above."""
-        why = self._unsplit(batch)
+        why = self._unsplit(batch, size)
         if plan.micro_batches > 1 and size > 1 and why is not None:
             raise ValueError(f"the pinned plan has {plan.micro_batches} micro-batches, but "
                              f"{why}; pin micro_batches=1")
