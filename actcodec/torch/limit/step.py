@@ -412,14 +412,18 @@ class Step:
             sequences = set(shape.token_lengths(batch, size))
             lengths = lambda n: {shape.cut_length(t, tokens, n) for t in sequences}
         cuda = isinstance(meter, meters.CudaMeter)
-        measured = step_profile.measure(
-            run, self.model, self.blocks, count, _storages(self.bits, self.exact, cuda),
-            split, self.spill_dir, room=planning.available(limit - floor),
-            paged=self._context("offload" if cuda else "paged"), bits=self.bits,
-            budgeted=None if self.exact or cuda else self._context("budget"),
-            lossless=self._context("lossless"), first=first,
-            fixed_bytes=self._loss_buffers(batch, limit), meter=meter,
-            lengths=None if tokens is None else lengths)
+        # the probes draw no random numbers of the step's: its dropout masks (and every later
+        # step's) are those of plain training, whose gradient a plain plan then gives
+        devices = [p.device for p in self.model.parameters() if p.device.type == "cuda"][:1]
+        with torch.random.fork_rng(devices=devices):
+            measured = step_profile.measure(
+                run, self.model, self.blocks, count, _storages(self.bits, self.exact, cuda),
+                split, self.spill_dir, room=planning.available(limit - floor),
+                paged=self._context("offload" if cuda else "paged"), bits=self.bits,
+                budgeted=None if self.exact or cuda else self._context("budget"),
+                lossless=self._context("lossless"), first=first,
+                fixed_bytes=self._loss_buffers(batch, limit), meter=meter,
+                lengths=None if tokens is None else lengths)
         self._planning.add(key, measured)
         # the probes' lazy state (libraries, caches) stays; what the allocators kept free of
         # theirs goes back first, or the floor would count it, and the peaks measured from it
