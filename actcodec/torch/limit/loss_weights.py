@@ -125,12 +125,21 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     `shift_labels` where the batch gives them; of the tokens the attention mask keeps, where
     the model's loss takes only those: _loss_on_attended); float
     labels (regression, multi-label): every element. A masked image model without labels
-    (SimMIM's, whose loss is a mean over the masked patches): its `bool_masked_pos`."""
+    (SimMIM's, whose loss is a mean over the masked patches): its `bool_masked_pos`. Question
+    answering (`start_positions`, `end_positions`): 1 for a sample whose positions are within
+    its input, 0 for one whose loss ignores them (_answers_kept)."""
     if not isinstance(batch, Mapping):
         return None
     shifted = batch.get("shift_labels")
     given = isinstance(shifted, torch.Tensor)  # shifted already: counted as they are
     labels = shifted if given else batch.get("labels")
+    if labels is None:
+        kept = _answers_kept(batch)
+        if kept is not None:  # a question answering loss: two means over the kept samples
+            starts, ends = kept
+            if size is not None and starts.shape[0] != size:
+                return None
+            return starts.to(torch.int64)
     if labels is None and _masked_image_modeling(model):
         labels = batch.get("bool_masked_pos")  # SimMIM's loss: a mean over masked patches
         if isinstance(labels, torch.Tensor) and labels.dim() >= 2 and \
@@ -153,6 +162,22 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
             _loss_on_attended(model):
         counted = counted & (mask == 1)
     return counted.flatten(1).sum(1) if counted.dim() >= 2 else counted.to(torch.int64)
+
+
+def _answers_kept(batch):
+    """Per sample, whether a question answering loss keeps its start and its end position
+    (transformers' ForQuestionAnsweringLoss clamps them to [0, length] and ignores those at
+    the length: beyond the input), as two bool tensors; None where the batch has no
+    `start_positions` and `end_positions` or its input's length is not known."""
+    starts, ends = batch.get("start_positions"), batch.get("end_positions")
+    inputs = batch.get("input_ids")
+    inputs = inputs if isinstance(inputs, torch.Tensor) else batch.get("inputs_embeds")
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in (starts, ends, inputs)) \
+            or inputs.dim() < 2:
+        return None
+    length = inputs.shape[1]
+    return starts.flatten(1).amax(1) < length if starts.dim() > 1 else starts < length, \
+        ends.flatten(1).amax(1) < length if ends.dim() > 1 else ends < length
 
 
 def _masked_image_modeling(model) -> bool:
@@ -207,10 +232,17 @@ SAMPLE_LABELS = ("next_sentence_label", "sentence_order_label", "mc_labels")
 def mixed_means(model, batch) -> str | None:
     """Why micro-batches of this batch cannot add up to its loss, or None: a loss that adds
     a mean over the targets of `labels` to a mean over the samples of another label
-    (SAMPLE_LABELS), where the samples hold different numbers of targets: no one share of
-    each micro-batch weighs both."""
+    (SAMPLE_LABELS), where the samples hold different numbers of targets, or a question
+    answering loss whose samples keep their start position and not their end or the other
+    way round (_answers_kept): no one share of each micro-batch weighs both."""
     if not isinstance(batch, Mapping):
         return None
+    kept = _answers_kept(batch)
+    if kept is not None and kept[0].shape == kept[1].shape and \
+            not bool((kept[0] == kept[1]).all()):
+        return ("the model's loss averages start positions and end positions over the samples "
+                "that keep each (those beyond the input are ignored), and some samples keep "
+                "one and not the other: no share of each micro-batch weighs both")
     other = next((key for key in SAMPLE_LABELS if batch.get(key) is not None), None)
     if other is None:
         return None
