@@ -379,6 +379,22 @@ def test_a_question_answering_loss_weighs_the_samples_whose_answer_it_keeps():
     assert_never_split(bert(), batch, "start positions and end positions")
 
 
+def test_a_causal_loss_a_model_shifts_itself_weighs_the_shifted_labels():
+    """ImageGPT computes its own causal loss (`labels[..., 1:]`, not transformers'
+    loss_function): its labels were counted unshifted, one target too many per sample, and
+    two micro-batches of unevenly padded rows gave cosine 0.9996 to the batch's gradient."""
+    def imagegpt():
+        torch.manual_seed(0)
+        return tf.ImageGPTForCausalImageModeling(tf.ImageGPTConfig(
+            vocab_size=101, n_positions=16, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0))
+
+    ids = torch.randint(5, 100, (4, 16), generator=torch.Generator().manual_seed(1))
+    labels = ids.masked_fill(torch.arange(16) >= torch.tensor([[3], [16], [5], [8]]), -100)
+    assert_whole_batch(imagegpt, {"input_ids": ids, "labels": labels},
+                       act.Plan(micro_batches=2))
+
+
 def yolos():
     torch.manual_seed(0)
     return tf.YolosForObjectDetection(tf.YolosConfig(

@@ -154,7 +154,7 @@ def per_sample_targets(model, batch, size: int | None = None) -> torch.Tensor | 
     if labels.is_floating_point():
         return torch.full((rows,), labels[0].numel() if rows else 0, dtype=torch.int64,
                           device=labels.device)
-    if not given and labels.dim() >= 2 and shifts_labels(model):
+    if not given and labels.dim() >= 2 and shifts_labels(model, own=True):
         labels = labels[..., 1:]
     counted = labels != ignore_index(model)
     mask = batch.get("attention_mask")
@@ -377,7 +377,7 @@ def _passes_kwargs_to_loss(forward) -> bool:
                for node in ast.walk(tree))
 
 
-def shifts_labels(model) -> bool:
+def shifts_labels(model, own: bool = False) -> bool:
     """Whether the model's loss is transformers' causal-LM loss, which shifts the labels by
     one: the function its forward calls as `self.loss_function` (chosen by the class's
     `loss_type`; a model without one, such as GPT2LMHeadModel, gets the causal-LM loss), on a
@@ -385,7 +385,8 @@ def shifts_labels(model) -> bool:
     wrapper's (DistributedDataParallel, a PEFT adapter: wrapped.inner) is its model's. PEFT's
     prefix tuning hands its base model the labels as given (the prefix is keys and values),
     so the base model's shift counts; prompt and p-tuning prepend a -100 label per virtual
-    token, after which the shift drops one of those: every given label counts, unshifted."""
+    token, after which the shift drops one of those: every given label counts, unshifted.
+    `own`: a loss of the forward's own that drops each row's first label counts too."""
     model = wrapped.inner(model)
     if wrapped.prompt_learning(model) == "PREFIX_TUNING":
         model = model.get_base_model()
@@ -396,6 +397,30 @@ def shifts_labels(model) -> bool:
         return False
     forward = inspect.unwrap(type(model).forward)
     if "loss_function" not in getattr(getattr(forward, "__code__", None), "co_names", ()):
-        return False  # its forward computes its own loss (XLNet's: labels as given)
+        # its forward computes its own loss: with `own`, shifted where it takes
+        # `labels[..., 1:]` (ImageGPT's, GPT-2's double heads'), else as given (XLNet's)
+        return own and _slices_off_first_label(forward)
     from transformers.loss.loss_utils import ForCausalLMLoss
     return model.loss_function is ForCausalLMLoss
+
+
+def _slices_off_first_label(forward) -> bool:
+    """Whether `forward`'s source takes `labels[..., 1:]` or `labels[:, 1:]` (a causal loss
+    of its own, shifted); False where its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+
+    def from_one(index) -> bool:  # [..., 1:] or [:, 1:]: every row without its first
+        if not isinstance(index, ast.Tuple) or len(index.elts) != 2:
+            return False
+        rows, last = index.elts
+        whole = (isinstance(rows, ast.Constant) and rows.value is Ellipsis) or (
+            isinstance(rows, ast.Slice) and rows.lower is rows.upper is rows.step is None)
+        return whole and isinstance(last, ast.Slice) and last.upper is None and \
+            last.step is None and isinstance(last.lower, ast.Constant) and last.lower.value == 1
+
+    return any(isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and
+               node.value.id == "labels" and from_one(node.slice)
+               for node in ast.walk(tree))
