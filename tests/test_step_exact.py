@@ -411,3 +411,27 @@ def test_the_probes_draw_no_random_numbers_of_the_training():
     assert torch.equal(torch.rand(4), after)
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p, q)
+
+
+def test_a_list_of_one_target_per_sample_is_cut_with_its_samples():
+    """A tuple batch of stacked inputs and a list of targets of their own sizes per sample
+    (as detection code collates them): the list was passed whole to each micro-batch, where
+    a loss_fn zipping samples with targets paired them wrongly, silently."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, generator=g)
+    targets = [torch.randn(n, generator=g) for n in (1, 3, 2, 5)]
+
+    def loss_fn(model, batch):
+        inputs, wanted = batch
+        out = model(inputs)
+        return torch.stack([(row - t.mean()).pow(2).sum() for row, t in zip(out, wanted)]).mean()
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    reference = nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    loss_fn(reference, (x, targets)).backward()
+    with act.Step(model, loss_fn=loss_fn, plan=act.Plan(micro_batches=2)) as step:
+        step((x, targets))
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-7)

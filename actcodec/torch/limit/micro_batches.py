@@ -1,6 +1,6 @@
 """A batch in micro-batches: a tensor, a tuple/list or a dict of tensors (any mapping, such as
 the BatchEncoding transformers' collators return; other values pass through whole); every
-tensor whose first dimension is the batch size is sliced (and a dict's lists of one item per
+tensor whose first dimension is the batch size is sliced (and each list of one item per
 sample), the rest are passed as they are. And the loss a micro-batch's `loss_fn` gives, checked."""
 from __future__ import annotations
 
@@ -53,16 +53,14 @@ def slices(size: int, count: int) -> list:
 
 def take(batch, size: int, start: int, stop: int):
     """Samples start:stop of the batch: each tensor whose first dimension is the batch size,
-    and in a dict batch each list of one item per sample (a detection model's targets); other
-    values whole."""
+    and each list of one item per sample (a detection model's targets); other values
+    whole."""
     def cut(v):
-        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == size:
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == size or \
+                isinstance(v, list) and len(v) == size:
             return v[start:stop]
         return v
 
-    if isinstance(batch, Mapping):
-        return {k: v[start:stop] if isinstance(v, list) and len(v) == size else cut(v)
-                for k, v in batch.items()}
     return each_value(batch, cut)
 
 
