@@ -143,6 +143,26 @@ def test_a_child_that_mixes_positions_is_never_chunked():
     assert torch.equal(flat_grad(model), flat_grad(want))
 
 
+def test_the_check_of_a_child_with_dropout_draws_no_random_numbers_of_the_step():
+    """GPT-2's MLP ends in a dropout: in training it is never chunked (its halves differ
+    from its whole). Its check ran inside the step on the global generator, so every
+    dropout after it drew other masks than plain training's."""
+    def dropping():
+        torch.manual_seed(0)
+        return tf.GPT2LMHeadModel(tf.GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, n_positions=TOKENS, vocab_size=VOCAB,
+            resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1))
+
+    batch = sample()
+    model, reference = dropping(), dropping()
+    torch.manual_seed(5)
+    reference(**batch).loss.backward()
+    torch.manual_seed(5)
+    with act.Step(model, plan=lp.Plan(1, (), "plain", chunks=2)) as step:
+        step(batch)
+    assert torch.equal(flat_grad(model), flat_grad(reference))
+
+
 def test_the_hooks_leave_nothing_on_the_model():
     model = llama()
     step = act.Step(model, limit=None)

@@ -9,7 +9,8 @@ one tensor of shape (batch, sequence, features) and nothing else (attention, cal
 masks and positions, never is). Before a child first runs in chunks it is checked on the
 first tokens of its input: its output on each half must equal the halves of its output on
 the whole (within float tolerance), or it is never chunked (a causal mixing layer, dropout
-in training). The check, once per child and per Attachment, runs without gradients.
+in training). The check, once per child and per Attachment, runs without gradients and
+leaves the random generators as it found them.
 
 How: a forward pre-hook hands the child an empty sequence (so its own forward computes
 nothing) and keeps its input; the forward hook then returns the concatenation of the child's
@@ -55,7 +56,8 @@ def position_wise(module: torch.nn.Module, x: torch.Tensor) -> bool:
     if x.shape[1] < 2:
         return False
     x = x[:1, :CHECK_TOKENS]
-    with torch.no_grad():
+    # run inside a step: the check draws no random numbers of the step's (a dropout's)
+    with torch.no_grad(), torch.random.fork_rng(devices=[x.device] if x.is_cuda else []):
         whole = module.forward(x)
         if not isinstance(whole, torch.Tensor) or whole.shape[:2] != x.shape[:2]:
             return False
