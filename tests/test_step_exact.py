@@ -435,3 +435,28 @@ def test_a_list_of_one_target_per_sample_is_cut_with_its_samples():
         step((x, targets))
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_split_false_keeps_a_loss_over_in_batch_negatives_whole():
+    """A loss_fn contrasting each sample with the batch's others (in-batch negatives) takes a
+    statistic Step cannot see: micro-batches would each see a part of the negatives. With
+    split=False a pinned plan of micro-batches is refused, and a planned step keeps the
+    batch whole and gives the plain gradient."""
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g))
+
+    def contrastive(model, b):
+        a, p = F.normalize(model(b[0]), dim=1), F.normalize(model(b[1]), dim=1)
+        return F.cross_entropy(a @ p.t() / 0.1, torch.arange(a.shape[0]))
+
+    torch.manual_seed(0)
+    model, reference = nn.Linear(6, 4), nn.Linear(6, 4)
+    reference.load_state_dict(model.state_dict())
+    with pytest.raises(ValueError, match="split=False"):
+        act.Step(model, loss_fn=contrastive, split=False, plan=act.Plan(micro_batches=2))(batch)
+    assert model.weight.grad is None
+    contrastive(reference, batch).backward()
+    with act.Step(model, "free", loss_fn=contrastive, split=False) as step:
+        step(batch)
+        assert not step.profile.split and step.plan.micro_batches == 1
+    assert torch.equal(model.weight.grad, reference.weight.grad)

@@ -22,8 +22,9 @@ planned for; the stepping thread makes room at its next save (see `Step.limit`).
 Exact plans are preferred; with exact=True nothing lossy is used. Micro-batches are exact
 up to float summation order, and used only where no statistic over the batch would be
 taken per micro-batch: no batch-norm layer trains (unless ghost_batchnorm=True), no router
-load-balancing loss (a transformers mixture of experts given output_router_logits); dropout
-draws its masks per micro-batch.
+load-balancing loss (a transformers mixture of experts given output_router_logits), none
+where split=False says one is (a loss_fn's in-batch negatives); dropout draws its masks per
+micro-batch.
 """
 from __future__ import annotations
 
@@ -118,7 +119,9 @@ class Step:
     micro-batch's mean loss, or (loss, weight) (default for dict batches: model(**b).loss);
     bits: the fewest bits a lossy save may take (8, 4 or 2); exact: no lossy saves; spill_dir:
     where paged saves go (checked here: exists, a directory, writable); ghost_batchnorm:
-    allow micro-batches with batch norm in training (statistics per micro-batch); batch_size:
+    allow micro-batches with batch norm in training (statistics per micro-batch); split:
+    False where the loss_fn or the model takes a statistic over the whole batch that Step
+    cannot see (in-batch negatives, a batch-wide normalization): no micro-batches; batch_size:
     the batch dimension's length where the first tensor does not have it; plan: a Plan (or
     its dict) to run every step instead of solving (numerics then do not change with timing;
     it is not planned for the limit: a step whose peak exceeds a limit raises
@@ -159,7 +162,7 @@ class Step:
                  exact: bool = False, spill_dir: str | None = None,
                  ghost_batchnorm: bool = False, batch_size: int | None = None, plan=None,
                  scaler=None, allocator: bool = True, optimizer=None,
-                 chunk_loss: bool = True):
+                 chunk_loss: bool = True, split: bool = True):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"Step needs a torch.nn.Module, got {type(model).__name__}")
         if wrapped.compiled(model):
@@ -177,6 +180,7 @@ class Step:
         spill_dir = spills.check_dir(spill_dir)
         self.bits, self.exact, self.spill_dir = bits, bool(exact), spill_dir
         self.ghost_batchnorm, self.batch_size, self.scaler = ghost_batchnorm, batch_size, scaler
+        self.split = bool(split)
         self._lock = threading.Lock()
         self._limit = _parse_limit(limit)
         self._over_capacity = None  # the last limit warned as above what the device has
@@ -590,6 +594,8 @@ class Step:
         statistic over the whole batch in the forward or the loss, or, of `batch` (where
         given, of `size` samples), means over two counts in its loss or targets that cannot
         be shared among micro-batches."""
+        if not self.split:
+            return "split=False: the loss or the model takes a statistic over the whole batch"
         aux = loss_weights.batch_level_term(self.model)
         if aux is None and batch is not None:
             aux = loss_weights.mixed_means(self.model, batch) or \
