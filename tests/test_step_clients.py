@@ -379,20 +379,37 @@ def test_a_question_answering_loss_weighs_the_samples_whose_answer_it_keeps():
     assert_never_split(bert(), batch, "start positions and end positions")
 
 
-def test_a_causal_loss_a_model_shifts_itself_weighs_the_shifted_labels():
-    """ImageGPT computes its own causal loss (`labels[..., 1:]`, not transformers'
-    loss_function): its labels were counted unshifted, one target too many per sample, and
-    two micro-batches of unevenly padded rows gave cosine 0.9996 to the batch's gradient."""
-    def imagegpt():
-        torch.manual_seed(0)
-        return tf.ImageGPTForCausalImageModeling(tf.ImageGPTConfig(
-            vocab_size=101, n_positions=16, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0,
-            embd_pdrop=0.0, attn_pdrop=0.0))
+def imagegpt():
+    torch.manual_seed(0)
+    return tf.ImageGPTForCausalImageModeling(tf.ImageGPTConfig(
+        vocab_size=101, n_positions=16, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0))
 
-    ids = torch.randint(5, 100, (4, 16), generator=torch.Generator().manual_seed(1))
+
+def blip():
+    torch.manual_seed(0)
+    return tf.BlipForConditionalGeneration(tf.BlipConfig(
+        text_config=dict(vocab_size=101, hidden_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, intermediate_size=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0),
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, image_size=32, patch_size=8),
+        projection_dim=32))
+
+
+@pytest.mark.parametrize("make", [imagegpt, blip], ids=["imagegpt", "blip"])
+def test_a_causal_loss_a_model_shifts_itself_weighs_the_shifted_labels(make):
+    """ImageGPT computes its own causal loss (`labels[..., 1:]`, not transformers'
+    loss_function), BLIP's captioning hands its labels to a text decoder that does: their
+    labels were counted unshifted, one target too many per sample, and two micro-batches of
+    unevenly padded rows gave cosine 0.9996 (ImageGPT) and a gradient 4e-4 too long (BLIP)."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 100, (4, 16), generator=g)
     labels = ids.masked_fill(torch.arange(16) >= torch.tensor([[3], [16], [5], [8]]), -100)
-    assert_whole_batch(imagegpt, {"input_ids": ids, "labels": labels},
-                       act.Plan(micro_batches=2))
+    batch = {"input_ids": ids, "labels": labels}
+    if make is blip:
+        batch["pixel_values"] = torch.randn(4, 3, 32, 32, generator=g)
+    assert_whole_batch(make, batch, act.Plan(micro_batches=2))
 
 
 def yolos():

@@ -367,9 +367,8 @@ def _passes_kwargs_to_loss(forward) -> bool:
     """Whether `forward` calls `self.loss_function(..., **kwargs)`: its source parsed (where
     it cannot be read, whether it names loss_function at all). Read only for a batch that
     gives num_items_in_batch, once a step (about 3 ms)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
-    except (OSError, TypeError, SyntaxError):
+    tree = _source_tree(forward)
+    if tree is None:
         return "loss_function" in getattr(getattr(forward, "__code__", None), "co_names", ())
     return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and
                node.func.attr == "loss_function" and
@@ -398,19 +397,43 @@ def shifts_labels(model, own: bool = False) -> bool:
     forward = inspect.unwrap(type(model).forward)
     if "loss_function" not in getattr(getattr(forward, "__code__", None), "co_names", ()):
         # its forward computes its own loss: with `own`, shifted where it takes
-        # `labels[..., 1:]` (ImageGPT's, GPT-2's double heads'), else as given (XLNet's)
-        return own and _slices_off_first_label(forward)
+        # `labels[..., 1:]` (ImageGPT's, GPT-2's double heads') or hands its labels to a
+        # submodule whose loss does (BLIP's captioning, to its text decoder), else as given
+        # (XLNet's)
+        if not own:
+            return False
+        tree = _source_tree(forward)
+        return tree is not None and (_slices_off_first_label(tree) or any(
+            shifts_labels(sub, own=True) for sub in _labels_handed_to(model, tree)))
     from transformers.loss.loss_utils import ForCausalLMLoss
     return model.loss_function is ForCausalLMLoss
 
 
-def _slices_off_first_label(forward) -> bool:
-    """Whether `forward`'s source takes `labels[..., 1:]` or `labels[:, 1:]` (a causal loss
-    of its own, shifted); False where its source cannot be read."""
+def _source_tree(function):
+    """The parsed source of `function`, or None where it cannot be read."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+        return ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
-        return False
+        return None
+
+
+def _labels_handed_to(model, tree) -> list:
+    """The submodules a forward (its parsed source) calls as `self.<name>(..., labels=labels)`."""
+    subs = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                isinstance(node.func.value, ast.Name) and node.func.value.id == "self" and \
+                any(k.arg == "labels" and isinstance(k.value, ast.Name) and
+                    k.value.id == "labels" for k in node.keywords):
+            sub = getattr(model, node.func.attr, None)
+            if isinstance(sub, torch.nn.Module) and sub is not model:
+                subs.append(sub)
+    return subs
+
+
+def _slices_off_first_label(tree) -> bool:
+    """Whether a forward (its parsed source) takes `labels[..., 1:]` or `labels[:, 1:]` (a
+    causal loss of its own, shifted)."""
 
     def from_one(index) -> bool:  # [..., 1:] or [:, 1:]: every row without its first
         if not isinstance(index, ast.Tuple) or len(index.elts) != 2:
