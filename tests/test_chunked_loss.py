@@ -341,6 +341,38 @@ def test_causal_lm_loss_equals_transformers_loss(kind, num_items):
             assert cosine(grads[name], want) >= 0.99999, name
 
 
+@pytest.mark.parametrize("kind", MODELS)
+def test_causal_lm_loss_under_autocast_equals_transformers_loss_there(kind):
+    """Under torch.autocast (bfloat16 on the CPU) the model's head takes its product in
+    bfloat16 from float32 hidden states: ours did the same for the logits, then wrote the
+    bfloat16 gradient into float32 hidden states' (index_copy_: a RuntimeError, and every
+    step of a causal LM under autocast and a limit failed). As the model's loss there."""
+    m = model(kind)
+    batch = padded_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, expected_grads = loss_and_grads(m, lambda: m(**batch).loss)
+        for chunk_tokens in (7, None):
+            loss, grads = loss_and_grads(
+                m, lambda: act.causal_lm_loss(m, batch, chunk_tokens))
+            assert abs(loss.item() - expected.item()) <= 1e-3 * abs(expected.item())
+            for name, want in expected_grads.items():
+                assert grads[name].dtype == want.dtype, name
+                assert cosine(grads[name], want) >= 0.999, name
+
+
+def test_a_step_under_a_limit_and_autocast_gives_autocasts_gradient():
+    """Step under a limit runs a causal LM's loss in chunks (causal_lm_loss): inside
+    torch.autocast every such step raised; it gives the gradient autocast gives plainly."""
+    m, plain = model("llama-untied"), model("llama-untied")
+    batch = padded_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, want = loss_and_grads(plain, lambda: plain(**batch).loss)
+        with act.Step(m, limit="free") as step:
+            step(batch)
+    for name, p in m.named_parameters():
+        assert cosine(p.grad, want[name]) >= 0.999, name
+
+
 def test_causal_lm_loss_takes_shift_labels_as_given():
     m = model("llama-untied")
     batch = padded_batch()

@@ -217,3 +217,21 @@ def test_a_later_batch_with_a_key_the_models_loss_reads_is_checked_again():
     g, w = grads(model), grads(want)
     assert F.cosine_similarity(g.double(), w.double(), dim=0) >= 0.99999
     assert torch.allclose(g.norm(), w.norm(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta"])
+def test_under_autocast_the_chunked_loss_covers_it_and_gives_autocasts_gradient(name):
+    """Under torch.autocast a masked LM's head transform gives bfloat16 hidden states to
+    float32 output embeddings: the chunked loss refused the mixed dtypes and Step fell back
+    to the model's own loss (with a warning); it takes the head's product in autocast's
+    dtype, as the model's Linear does."""
+    import warnings
+
+    b = batch()
+    want, model = build(name).eval(), build(name).eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want(**b).loss.backward()
+        with act.Step(model, limit="free") as step, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            step(b)
+    assert F.cosine_similarity(grads(model), grads(want), dim=0) >= 0.999

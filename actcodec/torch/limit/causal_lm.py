@@ -158,7 +158,10 @@ def _check_head(name, logits, hidden, head, scale, softcap):
         # one read from the device for both numbers (each read waits for the device)
         difference, size = torch.stack([(ours - theirs).abs().max(), ours.abs().max()]).tolist()
         size = max(1.0, size)
-    tolerance = max(1e-4, 4 * torch.finfo(hidden.dtype).eps) * size
+    # the coarser of the two dtypes (under torch.autocast the logits are bfloat16 or float16
+    # from float32 hidden states, and the model scales or caps them in that dtype)
+    eps = max(torch.finfo(hidden.dtype).eps, torch.finfo(logits.dtype).eps)
+    tolerance = max(1e-4, 4 * eps) * size
     if not difference <= tolerance:
         raise ValueError(f"causal_lm_loss: {name}'s logits are not its output embeddings "
                          f"applied to its decoder's last hidden states with logit_scale="

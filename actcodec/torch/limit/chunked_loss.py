@@ -36,6 +36,8 @@ gradients are zero, as torch's; with num_items_in_batch it is 0.
 """
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Mapping
 import dataclasses
 import math
@@ -143,12 +145,23 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     (a causal language model's labels, as transformers shifts them; the last position of a
     row has none). The logits: `logit_scale * (hidden @ weight.T + bias)`, then, with
     `softcap`, `softcap * tanh(logits / softcap)`; the log-softmax is taken in float32 (in
-    float64 for float64 inputs).
+    float64 for float64 inputs). Under torch.autocast, float32 hidden, weight and bias are
+    taken in its dtype, as a Linear there takes them.
 
     reduction="mean": the sum of the targets' losses over their count, or over
     `num_items_in_batch` where given (transformers' gradient-accumulation normalization: then
     0, not NaN, when there is no target); "sum": their sum. Returns a 0-dim float32 tensor
     (float64 for float64 inputs)."""
+    device_type = hidden.device.type if isinstance(hidden, torch.Tensor) else "cpu"
+    autocast = torch.is_autocast_enabled(device_type)
+    if autocast:
+        # the head's product in autocast's dtype, as the model's Linear takes it under
+        # torch.autocast from float32 hidden states, weight and bias (the casts' backward
+        # brings their gradients back to float32); inside, every dtype is the one given
+        low = torch.get_autocast_dtype(device_type)
+        hidden, weight, bias = (
+            t.to(low) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+            for t in (hidden, weight, bias))
     _check(hidden, weight, bias, labels, chunk_tokens, reduction, num_items_in_batch, shift,
            logit_scale, softcap)
     vocab = weight.shape[0]
@@ -175,7 +188,8 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
         grad_hidden=grad_on and hidden.requires_grad,
         grad_weight=grad_on and weight.requires_grad,
         grad_bias=grad_on and bias is not None and bias.requires_grad)
-    return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, rows, options)
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+        return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, rows, options)
 
 
 def _targets(targets: torch.Tensor, ignore_index: int):
