@@ -219,17 +219,24 @@ def test_a_later_batch_with_a_key_the_models_loss_reads_is_checked_again():
     assert torch.allclose(g.norm(), w.norm(), rtol=1e-4)
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["autocast", "forward-in-autocast"])
 @pytest.mark.parametrize("name", ["bert", "roberta"])
-def test_under_autocast_the_chunked_loss_covers_it_and_gives_autocasts_gradient(name):
+def test_under_autocast_the_chunked_loss_covers_it_and_gives_autocasts_gradient(name, wrapped):
     """Under torch.autocast a masked LM's head transform gives bfloat16 hidden states to
     float32 output embeddings: the chunked loss refused the mixed dtypes and Step fell back
-    to the model's own loss (with a warning); it takes the head's product in autocast's
-    dtype, as the model's Linear does."""
+    to the model's own loss (with a warning). It takes the head's product in autocast's
+    dtype, as the model's Linear does, also where the forward enters autocast itself
+    (accelerate's mixed precision, the Trainer's bf16=True, wraps it so)."""
+    import contextlib
     import warnings
 
     b = batch()
     want, model = build(name).eval(), build(name).eval()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    if wrapped:
+        for m in (want, model):
+            m.forward = torch.autocast("cpu", dtype=torch.bfloat16)(m.forward)
+    around = contextlib.nullcontext() if wrapped else torch.autocast("cpu", dtype=torch.bfloat16)
+    with around:
         want(**b).loss.backward()
         with act.Step(model, limit="free") as step, warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)

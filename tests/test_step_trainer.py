@@ -48,13 +48,13 @@ class Grads(tf.TrainerCallback):
                                     if p.grad is not None]).clone())
 
 
-def train(tmp_path, cls, accepts_loss_kwargs: bool, **kw):
+def train(tmp_path, cls, accepts_loss_kwargs: bool, args_options=None, **kw):
     args = tf.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=5,
         gradient_accumulation_steps=2, max_steps=2, learning_rate=0.5, optim="sgd",
         lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, seed=0,
         report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0)
+        disable_tqdm=True, dataloader_num_workers=0, **(args_options or {}))
     grads = Grads()
     trainer = cls(model=gpt2(), args=args, train_dataset=texts(),
                   data_collator=tf.DataCollatorForLanguageModeling(tokenizer(), mlm=False),
@@ -100,3 +100,15 @@ def test_step_trainer_refuses_what_it_does_not_run(tmp_path):
                                                                            mlm=False))
     with pytest.raises(ValueError, match="label_smoothing_factor"):
         trainer.train()
+
+
+def test_step_trainer_in_bfloat16_under_a_limit_gives_the_trainers_gradients(tmp_path):
+    """bf16=True runs the Trainer's steps inside torch.autocast: under a limit, Step's
+    chunked causal-LM loss raised there at every step."""
+    _, want = train(tmp_path / "plain", tf.Trainer, True, args_options={"bf16": True})
+    trainer, got = train(tmp_path / "step", StepTrainer, True, args_options={"bf16": True},
+                         step_options={"limit": resident.rss() + 2048 * MiB})
+    assert trainer.act_step.stats.limit is not None
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        assert F.cosine_similarity(g, w, dim=0) >= 0.999

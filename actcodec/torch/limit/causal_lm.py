@@ -29,8 +29,9 @@ import inspect
 
 import torch
 
-from .chunked_loss import (IGNORE_INDEX, check_labelled, chunked_cross_entropy,
-                           output_embeddings, transformers_model)
+from .chunked_loss import (IGNORE_INDEX, autocast_as, autocast_dtypes, autocast_in,
+                           check_labelled, chunked_cross_entropy, output_embeddings,
+                           transformers_model)
 from .loss_weights import shifts_labels
 
 LOSS_KEYS = ("labels", "shift_labels", "num_items_in_batch", "ignore_index")  # not the model's
@@ -49,8 +50,12 @@ def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> to
     scale, softcap = _head_transform(base.config)
 
     inputs = {k: v for k, v in batch.items() if k not in LOSS_KEYS}
-    captured = []
-    handle = decoder.register_forward_hook(lambda module, args, output: captured.append(output))
+    captured, device_type = [], head.weight.device.type
+    # the autocast the decoder ran under: a forward may enter it itself (accelerate's
+    # mixed precision wraps the model's forward, as the Trainer's bf16=True does), and the
+    # head's product is then taken there too
+    handle = decoder.register_forward_hook(lambda module, args, output: captured.append(
+        (output, autocast_in(device_type))))
     try:
         out = model(**inputs, logits_to_keep=1)
     finally:
@@ -59,19 +64,19 @@ def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> to
         raise ValueError(f"causal_lm_loss: {name}'s decoder ({type(decoder).__name__}) ran "
                          f"{len(captured)} times in one forward; not covered (use "
                          f"model(**batch).loss)")
-    hidden = _last_hidden_state(captured[0], decoder)
+    hidden, amp = _last_hidden_state(captured[0][0], decoder), captured[0][1]
     logits = out["logits"] if isinstance(out, Mapping) else out[0]
     del out, captured
-    _check_head(name, logits, hidden, head, scale, softcap)
-    del logits
-
-    shift_labels = batch.get("shift_labels")
-    labels = batch["labels"] if shift_labels is None else shift_labels
-    return chunked_cross_entropy(
-        hidden, head.weight, labels.to(hidden.device), bias=head.bias, chunk_tokens=chunk_tokens,
-        ignore_index=batch.get("ignore_index", IGNORE_INDEX),
-        num_items_in_batch=batch.get("num_items_in_batch"), shift=shift_labels is None,
-        logit_scale=scale, softcap=softcap)
+    with autocast_as(device_type, amp):
+        _check_head(name, logits, hidden, head, scale, softcap)
+        del logits
+        shift_labels = batch.get("shift_labels")
+        labels = batch["labels"] if shift_labels is None else shift_labels
+        return chunked_cross_entropy(
+            hidden, head.weight, labels.to(hidden.device), bias=head.bias,
+            chunk_tokens=chunk_tokens, ignore_index=batch.get("ignore_index", IGNORE_INDEX),
+            num_items_in_batch=batch.get("num_items_in_batch"), shift=shift_labels is None,
+            logit_scale=scale, softcap=softcap)
 
 
 def covers(model) -> bool:
@@ -158,9 +163,10 @@ def _check_head(name, logits, hidden, head, scale, softcap):
         # one read from the device for both numbers (each read waits for the device)
         difference, size = torch.stack([(ours - theirs).abs().max(), ours.abs().max()]).tolist()
         size = max(1.0, size)
-    # the coarser of the two dtypes (under torch.autocast the logits are bfloat16 or float16
-    # from float32 hidden states, and the model scales or caps them in that dtype)
-    eps = max(torch.finfo(hidden.dtype).eps, torch.finfo(logits.dtype).eps)
+    # the coarsest dtype the logits passed through (under torch.autocast bfloat16 or float16
+    # from float32 hidden states, scaled or capped in that dtype)
+    eps = max(torch.finfo(t).eps for t in (hidden.dtype, logits.dtype, *autocast_dtypes(
+        hidden.device.type)))
     tolerance = max(1e-4, 4 * eps) * size
     if not difference <= tolerance:
         raise ValueError(f"causal_lm_loss: {name}'s logits are not its output embeddings "

@@ -192,6 +192,27 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
         return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, rows, options)
 
 
+def autocast_in(device_type: str):
+    """The dtype torch.autocast computes in on `device_type` now, None where it is off."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) \
+        else None
+
+
+def autocast_dtypes(device_type: str) -> tuple:
+    """(autocast_in's dtype,) where autocast is on, else ()."""
+    dtype = autocast_in(device_type)
+    return () if dtype is None else (dtype,)
+
+
+def autocast_as(device_type: str, dtype):
+    """A context in which autocast on `device_type` computes in `dtype` (None: off), as a
+    model's forward ran (a forward may enter autocast itself, or leave it)."""
+    if autocast_in(device_type) == dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else \
+        torch.autocast(device_type, enabled=False)
+
+
 def _targets(targets: torch.Tensor, ignore_index: int):
     """(rows, least, greatest): the flat positions that have a target, and the least and
     greatest of their labels (0, 0 with none), with one read from the device: the count

@@ -28,8 +28,9 @@ import contextlib
 import torch
 
 from .loss_weights import divides_by_items
-from .chunked_loss import (IGNORE_INDEX, check_agrees, check_labelled, chunked_cross_entropy,
-                           output_embeddings, transformers_model)
+from .chunked_loss import (IGNORE_INDEX, autocast_as, autocast_in, check_agrees,
+                           check_labelled, chunked_cross_entropy, output_embeddings,
+                           transformers_model)
 
 LOSS_KEYS = ("labels", "num_items_in_batch")  # the loss's, not the model's forward's
 PREFIX_TOKENS = 8  # the prefix `check` runs the path on
@@ -50,15 +51,16 @@ def masked_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None,
     if not checked:
         check(model, batch)
     head = _check_covered(model).get_output_embeddings()
-    hidden = _head_input(model, batch, head)
+    hidden, amp = _head_input(model, batch, head)
     labels = batch["labels"].to(hidden.device)
     _check_shape(model, hidden, labels)
     items = batch.get("num_items_in_batch")
     if items is not None and not divides_by_items(model):  # the forward read: with a count
         items = None
-    return chunked_cross_entropy(hidden, head.weight, labels, bias=head.bias,
-                                 chunk_tokens=chunk_tokens, ignore_index=IGNORE_INDEX,
-                                 num_items_in_batch=items)
+    with autocast_as(hidden.device.type, amp):
+        return chunked_cross_entropy(hidden, head.weight, labels, bias=head.bias,
+                                     chunk_tokens=chunk_tokens, ignore_index=IGNORE_INDEX,
+                                     num_items_in_batch=items)
 
 
 def covers(model) -> bool:
@@ -85,12 +87,14 @@ def _check_covered(model):
     return inner
 
 
-def _head_input(model, batch: Mapping, head: torch.nn.Module) -> torch.Tensor:
-    """What the model's forward hands its output embeddings, the forward stopped there."""
+def _head_input(model, batch: Mapping, head: torch.nn.Module) -> tuple:
+    """What the model's forward hands its output embeddings, the forward stopped there, and
+    the dtype autocast computed in there (None: off; a forward may enter autocast itself, as
+    accelerate's mixed precision makes it: the head's product is taken there too)."""
     captured = []
 
     def stop(module, args):
-        captured.append(args[0])
+        captured.append((args[0], autocast_in(head.weight.device.type)))
         raise _Reached
 
     handle = head.register_forward_pre_hook(stop)
@@ -100,7 +104,7 @@ def _head_input(model, batch: Mapping, head: torch.nn.Module) -> torch.Tensor:
         pass
     finally:
         handle.remove()
-    if len(captured) != 1 or not isinstance(captured[0], torch.Tensor):
+    if len(captured) != 1 or not isinstance(captured[0][0], torch.Tensor):
         raise ValueError(f"masked_lm_loss: {type(model).__name__}'s forward did not call its "
                          f"output embeddings on one tensor; not covered (use "
                          f"model(**batch).loss)")
@@ -139,13 +143,15 @@ def check(model, batch: Mapping) -> None:
         with torch.random.fork_rng(devices=devices):
             out = model(**cut)
         with torch.random.fork_rng(devices=devices):
-            hidden = _head_input(model, cut, linear)
+            hidden, amp = _head_input(model, cut, linear)
         labels = cut["labels"].to(hidden.device)
         _check_shape(model, hidden, labels)
-        ours = torch.nn.functional.linear(hidden, linear.weight, linear.bias)
-        loss = lambda: chunked_cross_entropy(hidden, linear.weight, labels, bias=linear.bias)
-        check_agrees("masked_lm_loss", model, out, ours, loss,
-                     "its output embeddings applied to their input (its head does more)")
+        with autocast_as(hidden.device.type, amp):
+            ours = torch.nn.functional.linear(hidden, linear.weight, linear.bias)
+            loss = lambda: chunked_cross_entropy(hidden, linear.weight, labels,
+                                                 bias=linear.bias)
+            check_agrees("masked_lm_loss", model, out, ours, loss,
+                         "its output embeddings applied to their input (its head does more)")
     _check_head_parameters(model, cut, linear, devices)
 
 
@@ -169,9 +175,10 @@ def _check_head_parameters(model, cut: Mapping, linear, devices) -> None:
         theirs = torch.autograd.grad(out["loss"] if isinstance(out, Mapping) else out[0],
                                      params, allow_unused=True)
         with torch.random.fork_rng(devices=devices):
-            hidden = _head_input(model, cut, linear)
-        loss = chunked_cross_entropy(hidden, linear.weight, cut["labels"].to(hidden.device),
-                                     bias=linear.bias)
+            hidden, amp = _head_input(model, cut, linear)
+        with autocast_as(hidden.device.type, amp):
+            loss = chunked_cross_entropy(hidden, linear.weight,
+                                         cut["labels"].to(hidden.device), bias=linear.bias)
         ours = torch.autograd.grad(loss, params, allow_unused=True)
     differ = [n for (n, _), a, b in zip(named, theirs, ours) if (a is None) != (b is None)]
     if differ:
