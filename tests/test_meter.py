@@ -373,7 +373,9 @@ def test_an_out_of_memory_error_under_the_cap_is_a_memory_limit_error(monkeypatc
     with pytest.raises(act.MemoryLimitError, match="caching allocator was kept") as info:
         step(x)
     assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
-    assert info.value.needed == step.smallest_limit() and "smallest limit" in str(info.value)
+    # (the floor, read again, may have moved by a page since)
+    assert info.value.needed == pytest.approx(step.smallest_limit(), abs=1 << 20)
+    assert "smallest limit" in str(info.value)
     # the plan that ran out is judged as peaking past the room it had
     profile = step._planning.profile
     key = limit_plan.memory_key(profile, plan.micro_batches, plan.recompute, plan.storage,
