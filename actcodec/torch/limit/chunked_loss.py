@@ -213,6 +213,34 @@ def autocast_as(device_type: str, dtype):
         torch.autocast(device_type, enabled=False)
 
 
+class _Reached(Exception):
+    """Raised by head_input's hook: the forward stops where the head would run."""
+
+
+def head_input(model, inputs: Mapping, head: torch.nn.Module, caller: str) -> tuple:
+    """What `model(**inputs)` hands its head (the output embeddings), the forward stopped
+    there (no logits made), and the dtype autocast computed in there (None: off; a forward
+    may enter autocast itself, as accelerate's mixed precision makes it, and the head's
+    product is then taken there too)."""
+    captured = []
+
+    def stop(module, args):
+        captured.append((args[0], autocast_in(head.weight.device.type)))
+        raise _Reached
+
+    handle = head.register_forward_pre_hook(stop)
+    try:
+        model(**inputs)
+    except _Reached:
+        pass
+    finally:
+        handle.remove()
+    if len(captured) != 1 or not isinstance(captured[0][0], torch.Tensor):
+        raise ValueError(f"{caller}: {type(model).__name__}'s forward did not call its output "
+                         f"embeddings on one tensor; not covered (use model(**batch).loss)")
+    return captured[0]
+
+
 def _targets(targets: torch.Tensor, ignore_index: int):
     """(rows, least, greatest): the flat positions that have a target, and the least and
     greatest of their labels (0, 0 with none), with one read from the device: the count

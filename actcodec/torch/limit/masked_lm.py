@@ -28,16 +28,12 @@ import contextlib
 import torch
 
 from .loss_weights import divides_by_items
-from .chunked_loss import (IGNORE_INDEX, autocast_as, autocast_in, check_agrees,
-                           check_labelled, chunked_cross_entropy, output_embeddings,
+from .chunked_loss import (IGNORE_INDEX, autocast_as, check_agrees, check_labelled,
+                           chunked_cross_entropy, head_input, output_embeddings,
                            transformers_model)
 
 LOSS_KEYS = ("labels", "num_items_in_batch")  # the loss's, not the model's forward's
 PREFIX_TOKENS = 8  # the prefix `check` runs the path on
-
-
-class _Reached(Exception):
-    """Raised by the output embeddings' pre-hook: the forward has made what the loss reads."""
 
 
 def masked_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None,
@@ -88,27 +84,9 @@ def _check_covered(model):
 
 
 def _head_input(model, batch: Mapping, head: torch.nn.Module) -> tuple:
-    """What the model's forward hands its output embeddings, the forward stopped there, and
-    the dtype autocast computed in there (None: off; a forward may enter autocast itself, as
-    accelerate's mixed precision makes it: the head's product is taken there too)."""
-    captured = []
-
-    def stop(module, args):
-        captured.append((args[0], autocast_in(head.weight.device.type)))
-        raise _Reached
-
-    handle = head.register_forward_pre_hook(stop)
-    try:
-        model(**{k: v for k, v in batch.items() if k not in LOSS_KEYS})
-    except _Reached:
-        pass
-    finally:
-        handle.remove()
-    if len(captured) != 1 or not isinstance(captured[0][0], torch.Tensor):
-        raise ValueError(f"masked_lm_loss: {type(model).__name__}'s forward did not call its "
-                         f"output embeddings on one tensor; not covered (use "
-                         f"model(**batch).loss)")
-    return captured[0]
+    """What the model's forward hands its output embeddings, and autocast's dtype there."""
+    return head_input(model, {k: v for k, v in batch.items() if k not in LOSS_KEYS}, head,
+                      "masked_lm_loss")
 
 
 def _check_shape(model, hidden, labels) -> None:

@@ -3,14 +3,13 @@ with the head and loss in chunks of tokens (actcodec.torch.limit.chunked_loss):
 `seq2seq_lm_loss(model, batch)` gives the loss `model(**batch).loss` gives, and the same
 gradients up to float summation order, without the labels x vocabulary logits.
 
-How: these models take no `logits_to_keep`, so their forward is not called; their encoder
-and decoder are (`get_encoder()`, `get_decoder()`), in the order the forward calls them
-(dropout draws the same random numbers), the decoder on `decoder_input_ids` or on the labels
-shifted right as the model shifts them (`prepare_decoder_input_ids_from_labels`). The head is
-the output embeddings (a Linear layer) with what these models do around it: T5's
-`scale_decoder_outputs` (the decoder's output times d_model ** -0.5) and BART's
-`final_logits_bias`. The loss: the cross-entropy of the labels, unshifted, ignore index
--100, the mean over the targets.
+How: these models take no `logits_to_keep`, so their forward runs to its head and is stopped
+there (a pre-hook on the output embeddings keeps their input and ends the forward before any
+logits are made): the decoder's output as the head reads it (T5's `scale_decoder_outputs`
+applied), under the autocast the forward entered, if any (accelerate's mixed precision wraps
+the forward in it), with dropout drawing what the model's own forward draws. The head is the
+output embeddings (a Linear layer) plus BART's `final_logits_bias`. The loss: the
+cross-entropy of the labels, unshifted, ignore index -100, the mean over the targets.
 
 What it covers is checked, not assumed: the model is a transformers PreTrainedModel (or a
 PEFT model of adapters in its layers, LoRA and such, around one) whose config says
@@ -30,8 +29,9 @@ import contextlib
 import torch
 
 from . import wrapped
-from .chunked_loss import (IGNORE_INDEX, check_agrees, check_labelled, chunked_cross_entropy,
-                           output_embeddings, transformers_model)
+from .chunked_loss import (IGNORE_INDEX, autocast_as, check_agrees, check_labelled,
+                           chunked_cross_entropy, head_input, output_embeddings,
+                           transformers_model)
 
 KEYS = {"input_ids", "attention_mask", "labels", "decoder_input_ids", "decoder_attention_mask",
         "use_cache"}  # use_cache: this path keeps no cache, whatever it says
@@ -63,22 +63,10 @@ def covers(model) -> bool:
 head = output_embeddings  # the output embeddings the loss runs in chunks
 
 
-def _hidden(model, batch: Mapping) -> torch.Tensor:
-    """The decoder's last hidden states as the head reads them (T5's scale applied)."""
-    model = wrapped.adapted(model)
-    labels = batch["labels"]
-    decoder_ids = batch.get("decoder_input_ids")
-    if decoder_ids is None:
-        decoder_ids = model.prepare_decoder_input_ids_from_labels(labels=labels)
-    attention_mask = batch.get("attention_mask")
-    encoded = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=attention_mask)
-    hidden = model.get_decoder()(
-        input_ids=decoder_ids, attention_mask=batch.get("decoder_attention_mask"),
-        encoder_hidden_states=encoded[0], encoder_attention_mask=attention_mask,
-        use_cache=False)[0]
-    if getattr(model.config, "scale_decoder_outputs", False):
-        hidden = hidden * (model.config.d_model ** -0.5)
-    return hidden
+def _hidden(model, batch: Mapping) -> tuple:
+    """The decoder's last hidden states as the head reads them (T5's scale applied), the
+    model's forward stopped at its head, and the dtype autocast computed in there."""
+    return head_input(model, {**batch, "use_cache": False}, head(model), "seq2seq_lm_loss")
 
 
 def _bias(model):
@@ -92,10 +80,11 @@ def _bias(model):
 
 
 def _loss(model, batch: Mapping, chunk_tokens) -> torch.Tensor:
-    hidden = _hidden(model, batch)
-    return chunked_cross_entropy(hidden, head(model).weight, batch["labels"].to(hidden.device),
-                                 bias=_bias(model), chunk_tokens=chunk_tokens,
-                                 ignore_index=IGNORE_INDEX)
+    hidden, amp = _hidden(model, batch)
+    with autocast_as(hidden.device.type, amp):
+        return chunked_cross_entropy(hidden, head(model).weight,
+                                     batch["labels"].to(hidden.device), bias=_bias(model),
+                                     chunk_tokens=chunk_tokens, ignore_index=IGNORE_INDEX)
 
 
 def _check_covered(model):
@@ -139,12 +128,11 @@ def check(model, batch: Mapping) -> None:
         with torch.random.fork_rng(devices=devices):
             out = model(**{**cut, "use_cache": False})
         with torch.random.fork_rng(devices=devices):
-            hidden = _hidden(model, cut)
+            hidden, amp = _hidden(model, cut)
+        with autocast_as(hidden.device.type, amp):
             weight, bias = head(model).weight, _bias(model)
-            ours = hidden @ weight.t() if bias is None else torch.addmm(
-                bias, hidden.reshape(-1, hidden.shape[-1]), weight.t()).reshape(
-                    *hidden.shape[:-1], -1)
+            ours = torch.nn.functional.linear(hidden, weight, bias)
             loss = chunked_cross_entropy(hidden, weight, cut["labels"], bias=bias)
-        check_agrees("seq2seq_lm_loss", model, out, ours, loss,
-                     "its output embeddings applied to its decoder's output (with "
-                     "scale_decoder_outputs, final_logits_bias as it has them)")
+            check_agrees("seq2seq_lm_loss", model, out, ours, loss,
+                         "its output embeddings applied to their input (with "
+                         "final_logits_bias as it has it)")
