@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _autocast
 import actcodec.torch as act
 from actcodec.torch.limit import loss_weights, masked_lm
 
@@ -227,18 +228,5 @@ def test_under_autocast_the_chunked_loss_covers_it_and_gives_autocasts_gradient(
     to the model's own loss (with a warning). It takes the head's product in autocast's
     dtype, as the model's Linear does, also where the forward enters autocast itself
     (accelerate's mixed precision, the Trainer's bf16=True, wraps it so)."""
-    import contextlib
-    import warnings
-
-    b = batch()
-    want, model = build(name).eval(), build(name).eval()
-    if wrapped:
-        for m in (want, model):
-            m.forward = torch.autocast("cpu", dtype=torch.bfloat16)(m.forward)
-    around = contextlib.nullcontext() if wrapped else torch.autocast("cpu", dtype=torch.bfloat16)
-    with around:
-        want(**b).loss.backward()
-        with act.Step(model, limit="free") as step, warnings.catch_warnings():
-            warnings.simplefilter("error", RuntimeWarning)
-            step(b)
-    assert F.cosine_similarity(grads(model), grads(want), dim=0) >= 0.999
+    _autocast.assert_chunked_like_autocast(build(name).eval(), build(name).eval(), batch(),
+                                           wrapped)

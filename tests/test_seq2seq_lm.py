@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import _autocast
 import actcodec.torch as act
 from actcodec.torch.limit import seq2seq_lm
 
@@ -189,18 +190,5 @@ def test_under_autocast_the_chunked_loss_covers_it_and_gives_autocasts_gradient(
     bf16=True, wraps it so), this path ran the encoder and decoder outside it, in float32:
     the check found the model's bfloat16 logits 0.003-0.02 apart and Step ran the model's own
     loss, with a RuntimeWarning. It runs the forward to the head now, under its autocast."""
-    import contextlib
-    import warnings
-
-    b = batch()
-    want, model = MODELS[name](dropout=0.0).eval(), MODELS[name](dropout=0.0).eval()
-    if wrapped:
-        for m in (want, model):
-            m.forward = torch.autocast("cpu", dtype=torch.bfloat16)(m.forward)
-    around = contextlib.nullcontext() if wrapped else torch.autocast("cpu", dtype=torch.bfloat16)
-    with around:
-        want(**b).loss.backward()
-        with act.Step(model, limit="free") as step, warnings.catch_warnings():
-            warnings.simplefilter("error", RuntimeWarning)
-            step(b)
-    assert torch.nn.functional.cosine_similarity(grads(model), grads(want), dim=0) >= 0.999
+    want, model = (MODELS[name](dropout=0.0).eval() for _ in range(2))
+    _autocast.assert_chunked_like_autocast(want, model, batch(), wrapped)
