@@ -29,9 +29,8 @@ import inspect
 
 import torch
 
-from .chunked_loss import (IGNORE_INDEX, autocast_as, autocast_dtypes, autocast_in,
-                           check_labelled, chunked_cross_entropy, output_embeddings,
-                           transformers_model)
+from .chunked_loss import (IGNORE_INDEX, autocast_as, autocast_in, check_labelled,
+                           chunked_cross_entropy, output_embeddings, transformers_model)
 from .loss_weights import shifts_labels
 
 LOSS_KEYS = ("labels", "shift_labels", "num_items_in_batch", "ignore_index")  # not the model's
@@ -50,7 +49,8 @@ def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> to
     scale, softcap = _head_transform(base.config)
 
     inputs = {k: v for k, v in batch.items() if k not in LOSS_KEYS}
-    captured, device_type = [], head.weight.device.type
+    captured = []
+    device_type = head.weight.device.type
     # the autocast the decoder ran under: a forward may enter it itself (accelerate's
     # mixed precision wraps the model's forward, as the Trainer's bf16=True does), and the
     # head's product is then taken there too
@@ -165,8 +165,8 @@ def _check_head(name, logits, hidden, head, scale, softcap):
         size = max(1.0, size)
     # the coarsest dtype the logits passed through (under torch.autocast bfloat16 or float16
     # from float32 hidden states, scaled or capped in that dtype)
-    eps = max(torch.finfo(t).eps for t in (hidden.dtype, logits.dtype, *autocast_dtypes(
-        hidden.device.type)))
+    eps = max(torch.finfo(t).eps for t in (
+        hidden.dtype, logits.dtype, autocast_in(hidden.device.type)) if t is not None)
     tolerance = max(1e-4, 4 * eps) * size
     if not difference <= tolerance:
         raise ValueError(f"causal_lm_loss: {name}'s logits are not its output embeddings "

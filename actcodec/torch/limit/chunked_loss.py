@@ -198,12 +198,6 @@ def autocast_in(device_type: str):
         else None
 
 
-def autocast_dtypes(device_type: str) -> tuple:
-    """(autocast_in's dtype,) where autocast is on, else ()."""
-    dtype = autocast_in(device_type)
-    return () if dtype is None else (dtype,)
-
-
 def autocast_as(device_type: str, dtype):
     """A context in which autocast on `device_type` computes in `dtype` (None: off), as a
     model's forward ran (a forward may enter autocast itself, or leave it)."""
