@@ -499,5 +499,15 @@ def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():
     assert_never_split(mixtral(router_loss=True), padded(), "load-balancing")
     model = mixtral(router_loss=True)
     assert_plain(model, copy.deepcopy(model), padded(), EVERY, exact=True)
+    # under a limit, with the chunked loss, the router's loss is there too
+    model, plain = mixtral(router_loss=True), mixtral(router_loss=True)
+    plain(**padded()).loss.backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the chunked loss, not the model's
+        with act.Step(model, limit="free") as step:
+            step(padded())
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert F.cosine_similarity(p.grad.flatten().double(), q.grad.flatten().double(),
+                                   dim=0) >= 0.99999, name
     model = mixtral(router_loss=False)
     assert_plain(model, copy.deepcopy(model), padded(), act.Plan(micro_batches=2))

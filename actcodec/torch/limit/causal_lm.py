@@ -10,8 +10,10 @@ embeddings (`model.get_output_embeddings()`: tied or not, with its bias if it ha
 labels shifted by one as transformers' ForCausalLMLoss shifts them (or `shift_labels` where
 the batch gives them), ignore index -100 (or the batch's `ignore_index`), and
 `num_items_in_batch` where the batch gives it. The head's transform comes from the config:
-`logit_scale` multiplies the logits (Cohere), `logits_scaling` divides them (Granite),
-`final_logit_softcapping` caps them (Gemma 2 and 3).
+`logit_scale` multiplies the logits (Cohere), `logits_scaling` divides them (Granite; it
+multiplies them in HyperCLOVAX), `final_logit_softcapping` caps them (Gemma 2 and 3;
+`logits_soft_cap` in RecurrentGemma). A mixture of experts' router loss (`aux_loss`, with
+output_router_logits) is added as its forward gives it, times `router_aux_loss_coef`.
 
 What it covers is checked, not assumed: the model is a transformers PreTrainedModel (or a PEFT
 model of adapters on one, LoRA and the like: its forward runs, on the base model's decoder and
@@ -20,7 +22,9 @@ forward takes `logits_to_keep` and computes its loss with transformers' ForCausa
 output embeddings are a Linear layer, its decoder runs once, and the logits the model
 computed for the kept position equal the head above applied to the kept hidden states (so a
 head the config does not describe, such as a multiplier under another name, is refused, not
-silently mis-scaled). Anything else raises ValueError saying what is not covered.
+silently mis-scaled). Anything else raises ValueError saying what is not covered. `check`
+runs the path against the model's own loss on a batch's prefix: Step runs it once per set of
+keys and, where it fails, the model's own loss runs whole, with a warning.
 """
 from __future__ import annotations
 
@@ -30,10 +34,13 @@ import inspect
 import torch
 
 from .chunked_loss import (IGNORE_INDEX, autocast_as, autocast_in, check_labelled,
-                           chunked_cross_entropy, output_embeddings, transformers_model)
+                           chunked_cross_entropy, labelled_prefix, output_embeddings,
+                           transformers_model)
 from .loss_weights import shifts_labels
 
 LOSS_KEYS = ("labels", "shift_labels", "num_items_in_batch", "ignore_index")  # not the model's
+PREFIX_TOKENS = 8  # the prefix `check` runs the path on
+LOGITS_SCALING_MULTIPLIES = {"hyperclovax"}  # logits * logits_scaling, not Granite's division
 
 
 def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> torch.Tensor:
@@ -66,17 +73,48 @@ def causal_lm_loss(model, batch: Mapping, chunk_tokens: int | None = None) -> to
                          f"model(**batch).loss)")
     hidden, amp = _last_hidden_state(captured[0][0], decoder), captured[0][1]
     logits = out["logits"] if isinstance(out, Mapping) else out[0]
+    router = _router_term(base, out)
     del out, captured
     with autocast_as(device_type, amp):
         _check_head(name, logits, hidden, head, scale, softcap)
         del logits
         shift_labels = batch.get("shift_labels")
         labels = batch["labels"] if shift_labels is None else shift_labels
-        return chunked_cross_entropy(
+        loss = chunked_cross_entropy(
             hidden, head.weight, labels.to(hidden.device), bias=head.bias,
             chunk_tokens=chunk_tokens, ignore_index=batch.get("ignore_index", IGNORE_INDEX),
             num_items_in_batch=batch.get("num_items_in_batch"), shift=shift_labels is None,
             logit_scale=scale, softcap=softcap)
+    return loss if router is None else loss + router.to(loss.device)
+
+
+def check(model, batch: Mapping) -> None:
+    """ValueError unless this path gives the model's loss on the batch: what covers() checks,
+    and the model's own loss and this path's (with its head check) on the batch's first row's
+    first PREFIX_TOKENS tokens, every one a target, a few roundings apart (no gradients; each
+    from the same random state, which is then as it was)."""
+    check_labelled(batch, "causal_lm_loss")
+    name = type(model).__name__
+    cut = labelled_prefix(batch, PREFIX_TOKENS)
+    device = cut["labels"].device
+    devices = [device] if device.type == "cuda" else []
+    with torch.no_grad():
+        with torch.random.fork_rng(devices=devices):
+            out = model(**cut)
+        theirs = out["loss"] if isinstance(out, Mapping) else out[0]
+        del out
+        with torch.random.fork_rng(devices=devices):
+            ours = causal_lm_loss(model, cut)
+        if not isinstance(theirs, torch.Tensor):
+            raise ValueError(f"causal_lm_loss: {name} computed no loss from its labels; not "
+                             f"covered (use model(**batch).loss)")
+        difference, size = torch.stack([(ours.double() - theirs.double()).abs(),
+                                        theirs.double().abs()]).tolist()
+    tolerance = max(1e-4, 4 * torch.finfo(theirs.dtype).eps) * max(1.0, size)
+    if not difference <= tolerance:
+        raise ValueError(f"causal_lm_loss: {name}'s loss is not the mean cross-entropy of its "
+                         f"shifted labels under its head (they differ by {difference:.3g}); "
+                         f"not covered (use model(**batch).loss)")
 
 
 def covers(model) -> bool:
@@ -128,9 +166,35 @@ def _head_transform(config):
     if getattr(config, "logit_scale", None) is not None:
         scale *= float(config.logit_scale)            # Cohere: logits * logit_scale
     if getattr(config, "logits_scaling", None) is not None:
-        scale /= float(config.logits_scaling)         # Granite: logits / logits_scaling
+        if getattr(config, "model_type", None) in LOGITS_SCALING_MULTIPLIES:
+            scale *= float(config.logits_scaling)
+        else:
+            scale /= float(config.logits_scaling)     # Granite: logits / logits_scaling
     softcap = getattr(config, "final_logit_softcapping", None)  # Gemma 2, 3: c * tanh(x / c)
+    if softcap is None:
+        softcap = getattr(config, "logits_soft_cap", None)  # RecurrentGemma: the same
     return (None if scale == 1.0 else scale), (None if softcap is None else float(softcap))
+
+
+def _router_term(model, out):
+    """What a mixture of experts' loss adds to the cross-entropy: its router's load-balancing
+    loss, which the forward gives as `aux_loss` (with output_router_logits, from the config
+    or the batch), times the model's `router_aux_loss_coef` (JetMoe's `aux_loss_coef`); None
+    where it gives none."""
+    name = type(model).__name__
+    aux = out.get("aux_loss") if isinstance(out, Mapping) else None
+    if aux is None:
+        if not isinstance(out, Mapping) and getattr(model.config, "output_router_logits", False):
+            raise ValueError(f"causal_lm_loss: {name} returned a tuple, in which its router's "
+                             f"load-balancing loss cannot be told apart; not covered (use "
+                             f"model(**batch).loss)")
+        return None
+    coefficient = getattr(model, "router_aux_loss_coef", getattr(model, "aux_loss_coef", None))
+    if not isinstance(coefficient, (int, float)):
+        raise ValueError(f"causal_lm_loss: {name}'s loss adds its router's load-balancing loss "
+                         f"with no router_aux_loss_coef this path knows; not covered (use "
+                         f"model(**batch).loss)")
+    return coefficient * torch.as_tensor(aux)
 
 
 def _last_hidden_state(output, decoder):

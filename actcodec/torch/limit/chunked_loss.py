@@ -92,6 +92,28 @@ def check_labelled(batch, caller: str) -> None:
                          f"would be None)")
 
 
+def labelled_prefix(batch: Mapping, tokens: int) -> dict:
+    """A language model's batch cut to its first row's first `tokens` tokens (every tensor of
+    the labels' length: ids, masks, labels, embeddings), each one a target (a prefix whose
+    targets are all ignored gives both losses NaN), attended to in full, without
+    num_items_in_batch (a count of the whole batch's): what a check of a chunked path
+    against the model's own loss runs on."""
+    length = batch["labels"].shape[-1] if batch["labels"].dim() else 0
+    cut = {}
+    for key, value in batch.items():
+        if key == "num_items_in_batch":
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == length:
+            value = value[:1, :tokens]
+        cut[key] = value
+    for key in ("labels", "shift_labels"):
+        if isinstance(cut.get(key), torch.Tensor):
+            cut[key] = cut[key].clamp(min=0)
+    if isinstance(cut.get("attention_mask"), torch.Tensor):
+        cut["attention_mask"] = torch.ones_like(cut["attention_mask"])
+    return cut
+
+
 def output_embeddings(model) -> torch.nn.Module:
     """The output embeddings a model's chunked loss runs (wrapped.adapted: a PEFT model's
     base holds them)."""

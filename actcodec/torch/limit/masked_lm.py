@@ -29,8 +29,8 @@ import torch
 
 from .loss_weights import divides_by_items
 from .chunked_loss import (IGNORE_INDEX, autocast_as, check_agrees, check_labelled,
-                           chunked_cross_entropy, head_input, output_embeddings,
-                           transformers_model)
+                           chunked_cross_entropy, head_input, labelled_prefix,
+                           output_embeddings, transformers_model)
 
 LOSS_KEYS = ("labels", "num_items_in_batch")  # the loss's, not the model's forward's
 PREFIX_TOKENS = 8  # the prefix `check` runs the path on
@@ -104,17 +104,7 @@ def check(model, batch: Mapping) -> None:
     as it was: dropout draws alike, and none of the step's are taken)."""
     check_labelled(batch, "masked_lm_loss")
     linear = _check_covered(model).get_output_embeddings()
-    length = batch["labels"].shape[-1] if batch["labels"].dim() else 0
-    cut = {}
-    for key, value in batch.items():
-        if key == "num_items_in_batch":
-            continue
-        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == length:
-            value = value[:1, :PREFIX_TOKENS]  # input_ids, masks, inputs_embeds
-        cut[key] = value
-    cut["labels"] = cut["labels"].clamp(min=0)  # targets all ignored: both losses NaN
-    if isinstance(cut.get("attention_mask"), torch.Tensor):
-        cut["attention_mask"] = torch.ones_like(cut["attention_mask"])
+    cut = labelled_prefix(batch, PREFIX_TOKENS)
     device = cut["labels"].device
     devices = [device] if device.type == "cuda" else []
     with torch.no_grad():

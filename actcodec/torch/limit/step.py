@@ -361,12 +361,16 @@ class Step:
         # _check_weights has warned): counted now, read after planning, without a wait
         counted = loss_weights.start_counting(
             self.model, batch, size, self.loss_fn is mb.default_loss or not self._weights_warned)
-        loss_fn = self._loss_fn(batch, limit)
         tokens = shape.sequence_length(batch, size)
         key = (shape.sequence_unit(batch, size), tokens) if tokens is not None else \
             ("sample", shape.units_per_sample(batch, size))
         with meter.peak() as before:  # the probes' peak: the limit holds for them too
             floor = self._floor(meter)
+            if limit is not None and not self.frozen and \
+                    self._planning.needs_probes(key, limit - floor):
+                # before any forward: the chunked loss's check on a prefix, then the probes
+                self._refuse_without_room(limit, floor)
+            loss_fn = self._loss_fn(batch, limit)
             if limit is not None and not self.frozen:
                 t0, probed = time.perf_counter(), False
                 if tokens is None:
@@ -528,7 +532,7 @@ class Step:
                 not isinstance(batch, Mapping) or batch.get("labels") is None:
             return None
         kind = _chunked_kind(self.model, batch)
-        if kind is None or (kind is not causal_lm and not self._holds(kind, batch)):
+        if kind is None or not self._holds(kind, batch):
             return None
         vocab = kind.head(self.model).out_features
         logits = min(max(STEP_CHUNK_LOGITS_BYTES, int(limit * STEP_CHUNK_LIMIT_SHARE)),
@@ -536,8 +540,7 @@ class Step:
         return kind, chunked_loss.default_chunk_tokens(vocab, logits)
 
     def _holds(self, kind, batch) -> bool:
-        """Whether an encoder-decoder's or a masked LM's chunked loss gives the model's (a
-        causal LM's checks its head at each call): checked on the prefix of the first batch
+        """Whether the chunked loss gives the model's: checked on the prefix of the first batch
         of each set of keys (a key the model's loss reads, absent before, can make the two
         differ), by `kind.check`, not inside the loss, where a probe's hooks, and the block
         measured alone, would take the prefix's forward for the step's; where they differ,
