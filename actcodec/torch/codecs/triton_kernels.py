@@ -171,7 +171,7 @@ def bitmap_encode(x_ptr, bitmap_ptr, counts_ptr, stats_ptr, n, TILE: tl.constexp
     nz = ((xb != 0) & valid).to(tl.int32)
     bits = tl.reshape(nz, [TILE // 8, 8]) << tl.arange(0, 8)[None, :]
     at = pid * (TILE // 8) + tl.arange(0, TILE // 8)
-    tl.store(bitmap_ptr + at, tl.sum(bits, axis=1).to(tl.uint8), mask=at < (n + 7) // 8)
+    tl.store(bitmap_ptr + at, tl.sum(bits, axis=1).to(tl.uint8), mask=at * 8 < n)
     count = _stats_row(stats_ptr, pid, xb.to(tl.int32), valid, EXP, HUGE, ABS, 0)
     tl.store(counts_ptr + pid, count)
 
@@ -192,7 +192,7 @@ def compact(x_ptr, offsets_ptr, out_ptr, n, TILE: tl.constexpr):
 def _bits_of_tile(bitmap_ptr, pid, n, TILE: tl.constexpr):
     """A tile's bits of the bitmap (elements past n read as zero)."""
     at = pid * (TILE // 8) + tl.arange(0, TILE // 8)
-    byte = tl.load(bitmap_ptr + at, mask=at < (n + 7) // 8, other=0).to(tl.int32)
+    byte = tl.load(bitmap_ptr + at, mask=at * 8 < n, other=0).to(tl.int32)  # int64: no wrap
     bits = tl.reshape((byte[:, None] >> tl.arange(0, 8)[None, :]) & 1, [TILE])
     idx = pid * TILE + tl.arange(0, TILE)
     return tl.where(idx < n, bits, 0), idx
