@@ -398,8 +398,8 @@ class FakeEvent:
         assert enable_timing
         self.t, self.done = None, True
 
-    def record(self):
-        self.t = FakeEvent.now
+    def record(self, stream=None):
+        self.t, self.stream = FakeEvent.now, stream
 
     def query(self):
         return self.done
@@ -411,7 +411,8 @@ class FakeEvent:
 def test_the_device_clock_adds_up_each_blocks_forwards_once_the_device_has_run_them():
     cuda = FakeCuda()
     cuda.Event = FakeEvent
-    clock = meters.CudaMeter("cuda:0", cuda).step_clock()
+    cuda.current_stream = lambda device: ("stream of", device)
+    clock = meters.CudaMeter("cuda:1", cuda).step_clock()
     assert meters.ProcessMeter().step_clock() is None  # the CPU's probes time a step well
     FakeEvent.now = 0.0
     clock.begin("step")
@@ -431,6 +432,9 @@ def test_the_device_clock_adds_up_each_blocks_forwards_once_the_device_has_run_t
     assert clock.read() is None
     last.done = True
     assert clock.read() == pytest.approx({0: 0.5, 1: 2.0, "step": 1.5})
+    # on the model's device, whichever is current (else they time another device's work)
+    assert {e.stream for _, *pair in clock._marks for e in pair} == \
+        {("stream of", torch.device("cuda:1"))}
 
 
 def test_a_step_on_a_device_clock_hands_its_times_to_the_next_steps_plan(monkeypatch):
@@ -444,7 +448,8 @@ def test_a_step_on_a_device_clock_hands_its_times_to_the_next_steps_plan(monkeyp
 
     cuda = FakeCuda()
     cuda.Event = FakeEvent
-    monkeypatch.setattr(meters.ProcessMeter, "step_clock", lambda self: Clock(cuda))
+    cuda.current_stream = lambda device: None
+    monkeypatch.setattr(meters.ProcessMeter, "step_clock", lambda self: Clock(cuda, "cuda:0"))
     learnt = []
     monkeypatch.setattr(planning.Planning, "learn_times",
                         lambda self, plan, times: learnt.append((plan, times)))

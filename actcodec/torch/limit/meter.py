@@ -280,7 +280,7 @@ class CudaMeter:
         return free + self.held()
 
     def step_clock(self) -> "DeviceClock":
-        return DeviceClock(self.cuda)
+        return DeviceClock(self.cuda, self.device)
 
 
 class DeviceClock:
@@ -290,23 +290,26 @@ class DeviceClock:
     seconds on such a device are mostly its launches' (one or two samples, a wait around each
     block); a step's, at its size, are its work's."""
 
-    def __init__(self, cuda):
-        self.cuda = cuda
+    def __init__(self, cuda, device):
+        self.cuda, self.device = cuda, device
         self._open: dict = {}
         self._marks: list = []  # (key, start event, end event)
 
-    def begin(self, key) -> None:
+    def _event(self):
+        """An event recorded now on the model's device's stream (the current device may be
+        another: an event records on the current device's)."""
         event = self.cuda.Event(enable_timing=True)
-        event.record()
-        self._open.setdefault(key, []).append(event)
+        event.record(self.cuda.current_stream(self.device))
+        return event
+
+    def begin(self, key) -> None:
+        self._open.setdefault(key, []).append(self._event())
 
     def end(self, key) -> None:
         opened = self._open.get(key)
         if not opened:
             return
-        event = self.cuda.Event(enable_timing=True)
-        event.record()
-        self._marks.append((key, opened.pop(), event))
+        self._marks.append((key, opened.pop(), self._event()))
 
     def read(self) -> dict | None:
         """Seconds per key, or None while the device has not run them all yet (or a
