@@ -533,10 +533,12 @@ class DropoutFunction(Function):
             == scale.to(opmath).item())
         ctx.scale = scale.item() if x.device.type == "cpu" else 1.0 / (1.0 - p)
         _save(ctx, _store_mask(mask, policy, "dropout", layer))
+        # scale stays a 0-dim CPU tensor: a device op reads it as a scalar of x's dtype,
+        # with no copy to the device
         if inplace:
             ctx.mark_dirty(x)
-            return x.mul_(mask).mul_(scale.to(x.device))
-        return native_out if same else x.mul(mask).mul_(scale.to(x.device))
+            return x.mul_(mask).mul_(scale)
+        return native_out if same else x.mul(mask).mul_(scale)
 
     @staticmethod
     @once_differentiable
