@@ -166,6 +166,18 @@ def test_size_classes_hold_the_request_with_little_waste(nbytes):
         assert size & (size - 1) == 0
 
 
+def test_a_buffer_goes_back_to_copies_of_the_device_it_served():
+    """Each device copies on its own side stream: a buffer a copy back on one device may still
+    read is not handed to a copy out on another, whose stream would not wait for it."""
+    made = []
+    pool = offload.PinnedPool(lambda n: made.append(n) or torch.empty(n, dtype=torch.uint8))
+    first = pool.take(4096, "cuda:0")
+    pool.give(first, "cuda:0")
+    assert pool.take(4096, "cuda:1") is not first and pool.reused == 0
+    assert pool.take(4096, "cuda:0") is first and pool.reused == 1
+    assert made == [4096, 4096]
+
+
 def test_a_negative_prefetch_is_refused():
     with pytest.raises(ValueError, match="prefetch"):
         offload.Offload(LoggedCopies(), prefetch=-1)

@@ -49,8 +49,12 @@ def size_class(nbytes: int) -> int:
 
 
 class PinnedPool:
-    """Host buffers (uint8 tensors) by size class, kept for reuse. `made`: bytes allocated
-    so far; `reused`: requests served from the pool."""
+    """Host buffers (uint8 tensors) by size class and device, kept for reuse. `made`: bytes
+    allocated so far; `reused`: requests served from the pool.
+
+    A buffer goes back to copies of the device it served: its last copy back and the next
+    copy out into it then run on that device's side stream, in order, while another
+    device's stream would not wait for the copy back still reading it."""
 
     def __init__(self, make):
         self._make = make
@@ -59,24 +63,24 @@ class PinnedPool:
         self.made = 0
         self.reused = 0
 
-    def take(self, nbytes: int) -> torch.Tensor:
+    def take(self, nbytes: int, device=None) -> torch.Tensor:
         size = size_class(nbytes)
         with self._lock:
-            free = self._free.get(size)
+            free = self._free.get((size, device))
             if free:
                 self.reused += 1
                 return free.pop()
             self.made += size
         return self._make(size)
 
-    def give(self, buffer: torch.Tensor) -> None:
+    def give(self, buffer: torch.Tensor, device=None) -> None:
         with self._lock:
-            self._free.setdefault(buffer.numel(), []).append(buffer)
+            self._free.setdefault((buffer.numel(), device), []).append(buffer)
 
     def held(self) -> int:
         """Bytes of buffers in the pool now (not in use)."""
         with self._lock:
-            return sum(size * len(b) for size, b in self._free.items())
+            return sum(size * len(b) for (size, _), b in self._free.items())
 
     def clear(self) -> None:
         with self._lock:
@@ -156,7 +160,7 @@ class _Save:
     def __del__(self):
         pool, buffer = getattr(self, "pool", None), getattr(self, "buffer", None)
         if pool is not None and buffer is not None:
-            pool.give(buffer)
+            pool.give(buffer, self.device)
 
 
 class Offload:
@@ -209,7 +213,7 @@ class Offload:
             return s
         s = _Save()
         s.shape, s.dtype, s.device, s.nbytes = t.shape, t.dtype, t.device, nbytes
-        s.pool, s.buffer, s.back = self.pool, self.pool.take(nbytes), None
+        s.pool, s.buffer, s.back = self.pool, self.pool.take(nbytes, t.device), None
         s.users = s.left = 1  # operations that saved it; of them, still to unpack it
         s.done = False  # all its users had it: backward is past it (not prefetched again)
         self._running.append((self.copies.to_host(t, s.buffer[:nbytes]), nbytes))
