@@ -230,18 +230,22 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
 
 
 def layout_runs(name: str, steps: int) -> list:
+    """Plain, then what the issues compare first (checkpointing, Step at a third of plain's
+    peak, offload), then the rest: a run cut short by its device time keeps the first rows
+    (each is printed as it ends)."""
     plain, grads = run(name, "fp32", steps)
     rows = [plain]
-    for cfg in ("checkpoint", "Step as checkpointing", "Step as checkpointing, whole loss",
-                "offload"):
+    limits = {div: plain["peak_MiB"] * MiB // div for div in (3, 2)}
+    rows.append(run(name, "checkpoint", steps, plain_grads=grads)[0])
+    rows.append(run(name, "limit 1/3", steps, limits[3], grads)[0])
+    rows.append(run(name, "offload", steps, plain_grads=grads)[0])
+    rows.append(run(name, "limit 1/2", steps, limits[2], grads)[0])
+    for cfg in ("Step as checkpointing", "Step as checkpointing, whole loss"):
         rows.append(run(name, cfg, steps, plain_grads=grads)[0])
     smallest = None
-    for div in (2, 3):
-        limit = plain["peak_MiB"] * MiB // div
-        r = run(name, f"limit 1/{div}", steps, limit, grads)[0]
-        rows.append(r)
-        smallest = r.get("smallest_MiB") or r.get("needed_MiB") or smallest
-    if smallest and smallest * MiB < plain["peak_MiB"] * MiB // 3:
+    for r in rows[2], rows[4]:
+        smallest = smallest or r.get("smallest_MiB") or r.get("needed_MiB")
+    if smallest and smallest * MiB < limits[3]:
         rows.append(run(name, "limit smallest", steps, int(smallest * MiB * 1.02), grads)[0])
     del grads
     torch.cuda.empty_cache()
