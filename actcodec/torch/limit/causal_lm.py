@@ -95,7 +95,7 @@ def check(model, batch: Mapping) -> None:
     from the same random state, which is then as it was)."""
     check_labelled(batch, "causal_lm_loss")
     name = type(model).__name__
-    cut = labelled_prefix(batch, PREFIX_TOKENS)
+    cut = labelled_prefix(batch, PREFIX_TOKENS, _check_covered(model).config)
     device = cut["labels"].device
     devices = [device] if device.type == "cuda" else []
     with torch.no_grad():
@@ -163,6 +163,8 @@ def _decoder(model):
 def _head_transform(config):
     """(logit_scale, softcap) of the head, from the config fields transformers' models use."""
     scale = 1.0
+    if hasattr(config, "get_text_config"):  # a vision-language model's: its language model's
+        config = config.get_text_config()
     if getattr(config, "logit_scale", None) is not None:
         scale *= float(config.logit_scale)            # Cohere: logits * logit_scale
     if getattr(config, "logits_scaling", None) is not None:

@@ -92,19 +92,28 @@ def check_labelled(batch, caller: str) -> None:
                          f"would be None)")
 
 
-def labelled_prefix(batch: Mapping, tokens: int) -> dict:
+def labelled_prefix(batch: Mapping, tokens: int, config=None) -> dict:
     """A language model's batch cut to its first row's first `tokens` tokens (every tensor of
-    the labels' length: ids, masks, labels, embeddings), each one a target (a prefix whose
+    the labels' length: ids, masks, labels, embeddings; other tensors of a row per sample, a
+    vision-language model's images, to their first row), each one a target (a prefix whose
     targets are all ignored gives both losses NaN), attended to in full, without
     num_items_in_batch (a count of the whole batch's): what a check of a chunked path
-    against the model's own loss runs on."""
-    length = batch["labels"].shape[-1] if batch["labels"].dim() else 0
+    against the model's own loss runs on. Where the model's `config` names an image token,
+    the prefix goes `tokens` past the first row's last one (a model refuses an image cut
+    short)."""
+    labels = batch["labels"]
+    length = labels.shape[-1] if labels.dim() else 0
+    samples = labels.shape[0] if labels.dim() >= 2 else None
+    keep = min(length, tokens + _past_image_tokens(batch, config))
     cut = {}
     for key, value in batch.items():
         if key == "num_items_in_batch":
             continue
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == length:
-            value = value[:1, :tokens]
+            value = value[:1, :keep]
+        elif isinstance(value, torch.Tensor) and value.dim() >= 1 and samples is not None \
+                and value.shape[0] == samples:
+            value = value[:1]
         cut[key] = value
     for key in ("labels", "shift_labels"):
         if isinstance(cut.get(key), torch.Tensor):
@@ -112,6 +121,19 @@ def labelled_prefix(batch: Mapping, tokens: int) -> dict:
     if isinstance(cut.get("attention_mask"), torch.Tensor):
         cut["attention_mask"] = torch.ones_like(cut["attention_mask"])
     return cut
+
+
+def _past_image_tokens(batch: Mapping, config) -> int:
+    """The position after the first row's last image token (0 where it has none, or the
+    config names none)."""
+    image = getattr(config, "image_token_id", None)
+    if image is None:
+        image = getattr(config, "image_token_index", None)
+    ids = batch.get("input_ids")
+    if not isinstance(image, int) or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return 0
+    at = (ids[0] == image).nonzero()
+    return int(at[-1]) + 1 if len(at) else 0
 
 
 def output_embeddings(model) -> torch.nn.Module:

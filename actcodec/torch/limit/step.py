@@ -847,17 +847,35 @@ def _chunked_kind(model, batch):
 
 def _no_cache(model, batch):
     """A dict batch for a model whose forward takes `use_cache` (transformers' language
-    models) runs with use_cache=False unless it says otherwise: training needs no cache, and
+    models, and vision-language models, whose forward passes it on in its keywords) runs
+    with use_cache=False unless it says otherwise: training needs no cache, and
     a block recomputed in backward would append its keys to the cache a second time (as
     transformers does under gradient checkpointing). A wrapper's forward (DistributedDataParallel,
     a PEFT model) takes what its model's takes (wrapped.receiver)."""
     if not isinstance(batch, Mapping) or "use_cache" in batch:
         return batch
+    receiver = wrapped.receiver(model)
     try:
-        takes = "use_cache" in inspect.signature(wrapped.receiver(model).forward).parameters
+        parameters = inspect.signature(receiver.forward).parameters
     except (TypeError, ValueError):
         return batch
+    takes = "use_cache" in parameters or (
+        # a forward that passes its keywords on to a language model inside it (LLaVA's)
+        any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()) and
+        _text_model_caches(getattr(receiver, "config", None)))
     return {**batch, "use_cache": False} if takes else batch  # (a BatchEncoding: a dict)
+
+
+def _text_model_caches(config) -> bool:
+    """Whether a transformers config's text model keeps a cache (`use_cache` in its text
+    config: a vision-language model's language model)."""
+    get_text_config = getattr(config, "get_text_config", None)
+    if get_text_config is None:
+        return False
+    try:
+        return getattr(get_text_config(), "use_cache", None) is not None
+    except Exception:  # noqa: BLE001 (a config of several text models: not one to name)
+        return False
 
 
 def _give_back_free(meter, limit: int) -> None:
