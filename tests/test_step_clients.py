@@ -515,6 +515,15 @@ def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():
     assert_plain(model, copy.deepcopy(model), padded(), act.Plan(micro_batches=2))
 
 
+def assert_same_gradients(model, plain):
+    """The same parameters got gradients, each equal or at cosine >= 0.99999."""
+    got, want = trained(model), trained(plain)
+    assert got.keys() == want.keys()
+    for name, g in got.items():
+        assert torch.equal(g, want[name]) or F.cosine_similarity(
+            g.flatten().double(), want[name].flatten().double(), dim=0) >= 0.99999, name
+
+
 def llava(seed=0):
     torch.manual_seed(seed)
     return tf.LlavaForConditionalGeneration(tf.LlavaConfig(
@@ -559,8 +568,74 @@ def test_a_vision_language_models_loss_runs_in_chunks_under_a_limit():
         warnings.simplefilter("error", RuntimeWarning)
         with act.Step(model, limit="free") as step:
             step(image_batch())
-    got, want = trained(model), trained(plain)
-    assert got.keys() == want.keys()
-    for name, g in got.items():
-        assert torch.equal(g, want[name]) or F.cosine_similarity(
-            g.flatten().double(), want[name].flatten().double(), dim=0) >= 0.99999, name
+    assert_same_gradients(model, plain)
+
+
+def qwen2_vl(seed=0):
+    torch.manual_seed(seed)
+    return tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
+        text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        image_token_id=VOCAB - 1, vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 2))
+
+
+def patches_batch():
+    """Four samples of 1, 2, 0 and 1 images of three sizes, as Qwen2-VL's processor gives
+    them: every image's patches in one tensor, a grid row per image, each image a run of
+    image tokens (its patches over 4, merged 2 x 2) between its start and end tokens."""
+    g = torch.Generator().manual_seed(1)
+    grids = [[(1, 4, 4)], [(1, 4, 4), (1, 4, 8)], [], [(1, 8, 4)]]
+    ids = torch.randint(1, VOCAB - 3, (4, 40), generator=g)
+    for row, images in enumerate(grids):
+        at = 2
+        for t, h, w in images:
+            n = t * h * w // 4
+            ids[row, at], ids[row, at + 1:at + 1 + n], ids[row, at + 1 + n] = \
+                VOCAB - 3, VOCAB - 1, VOCAB - 2
+            at += n + 3
+    mask = torch.ones_like(ids)
+    mask[2, 30:] = 0
+    thw = torch.tensor([grid for images in grids for grid in images])
+    return {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": (ids == VOCAB - 1).long(),
+            "labels": ids.masked_fill(mask == 0, -100).masked_fill(ids >= VOCAB - 3, -100),
+            "image_grid_thw": thw,
+            "pixel_values": torch.randn(int(thw.prod(-1).sum()), 3 * 2 * 4 * 4, generator=g)}
+
+
+def test_images_as_rows_of_patches_are_cut_with_their_samples():
+    batch = patches_batch()
+    rows = batch["image_grid_thw"].prod(-1).tolist()  # 16, 16, 32, 32 patches
+    second = micro_batches.take(batch, 4, 1, 3)  # samples 1 and 2: images 1 and 2
+    assert torch.equal(second["image_grid_thw"], batch["image_grid_thw"][1:3])
+    assert torch.equal(second["pixel_values"],
+                       batch["pixel_values"][rows[0]:rows[0] + rows[1] + rows[2]])
+    assert torch.equal(second["input_ids"], batch["input_ids"][1:3])
+    empty = micro_batches.take(batch, 4, 2, 3)  # no image: none, as for text alone
+    assert empty["image_grid_thw"] is None and empty["pixel_values"] is None
+    batch["image_grid_thw"] = batch["image_grid_thw"][:3]
+    with pytest.raises(ValueError, match="not one row per image"):
+        micro_batches.take(batch, 4, 0, 2)
+
+
+@pytest.mark.parametrize("plan", [act.Plan(micro_batches=2), act.Plan(micro_batches=4)],
+                         ids=["2", "4"])
+def test_a_model_of_images_as_rows_of_patches_gives_plain_gradients(plan):
+    """Qwen2-VL's pixel_values are rows of patches of every image, not a row per sample: each
+    micro-batch and probe got them all (a RuntimeError deep in the model, under any limit);
+    now each sample's images go with it."""
+    model = qwen2_vl()
+    assert_plain(model, copy.deepcopy(model), patches_batch(), plan)
+
+
+def test_a_model_of_images_as_rows_of_patches_steps_under_a_limit_with_its_loss_in_chunks():
+    model, plain = qwen2_vl(), qwen2_vl()
+    plain(**patches_batch()).loss.backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the chunked loss, not the model's
+        with act.Step(model, limit="free") as step:
+            step(patches_batch())
+    assert_same_gradients(model, plain)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import wrapped
+from . import vision_grid, wrapped
 
 IGNORE_INDEX = -100  # the label transformers' losses and torch's cross entropy skip
 # The default chunk: this many bytes of float32 logits (512 tokens at a 32k vocabulary). Each
@@ -115,6 +115,8 @@ def labelled_prefix(batch: Mapping, tokens: int, config=None) -> dict:
                 and value.shape[0] == samples:
             value = value[:1]
         cut[key] = value
+    if vision_grid.applies(batch):  # images as rows of patches: the first row's
+        cut.update(vision_grid.take(batch, 0, 1))
     for key in ("labels", "shift_labels"):
         if isinstance(cut.get(key), torch.Tensor):
             cut[key] = cut[key].clamp(min=0)
@@ -124,15 +126,14 @@ def labelled_prefix(batch: Mapping, tokens: int, config=None) -> dict:
 
 
 def _past_image_tokens(batch: Mapping, config) -> int:
-    """The position after the first row's last image token (0 where it has none, or the
-    config names none)."""
-    image = getattr(config, "image_token_id", None)
-    if image is None:
-        image = getattr(config, "image_token_index", None)
+    """The position after the first row's last image or video token (0 where it has none,
+    or the config names none)."""
     ids = batch.get("input_ids")
-    if not isinstance(image, int) or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+    tokens = [t for t in (getattr(config, key, None) for key in (
+        "image_token_id", "image_token_index", "video_token_id")) if isinstance(t, int)]
+    if not tokens or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         return 0
-    at = (ids[0] == image).nonzero()
+    at = torch.isin(ids[0], torch.tensor(tokens, device=ids.device)).nonzero()
     return int(at[-1]) + 1 if len(at) else 0
 
 

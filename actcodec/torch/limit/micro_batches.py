@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 import torch
 
+from . import vision_grid
+
 
 def _tensors(batch):
     if isinstance(batch, torch.Tensor):
@@ -53,15 +55,19 @@ def slices(size: int, count: int) -> list:
 
 def take(batch, size: int, start: int, stop: int):
     """Samples start:stop of the batch: each tensor whose first dimension is the batch size,
-    and each list of one item per sample (a detection model's targets); other values
-    whole."""
+    and each list of one item per sample (a detection model's targets); a vision-language
+    batch's images as rows of patches with the samples whose they are (vision_grid); other
+    values whole."""
     def cut(v):
         if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == size or \
                 isinstance(v, list) and len(v) == size:
             return v[start:stop]
         return v
 
-    return each_value(batch, cut)
+    out = each_value(batch, cut)
+    if vision_grid.applies(batch):
+        out.update(vision_grid.take(batch, start, stop))
+    return out
 
 
 def each_value(batch, fn):
