@@ -6,8 +6,6 @@ long sample is planned along its tokens instead (`sequence_length`): its probes 
 sample's first tokens."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
 from . import micro_batches
