@@ -499,6 +499,9 @@ def test_a_router_load_balancing_loss_is_never_split_into_micro_batches():
     gradients to cosine 0.57. Such a model gets no micro-batches (a pinned plan of several
     is a ValueError, as with batch norm); without the router loss they add up."""
     assert_never_split(mixtral(router_loss=True), padded(), "load-balancing")
+    # asked for by the batch rather than the config
+    assert_never_split(mixtral(router_loss=False), {**padded(), "output_router_logits": True},
+                       "load-balancing")
     model = mixtral(router_loss=True)
     assert_plain(model, copy.deepcopy(model), padded(), EVERY, exact=True)
     # under a limit, with the chunked loss, the router's loss is there too

@@ -299,16 +299,18 @@ def uncut_labels(batch, size: int) -> str | None:
     return None
 
 
-def batch_level_term(model) -> str | None:
+def batch_level_term(model, batch=None) -> str | None:
     """What in the model's own loss is a statistic over the whole batch, which micro-batches
     would each take over their part (so that they no longer add up to the batch's gradient),
     or None: a transformers mixture of experts whose loss adds the router's load-balancing
-    loss (`output_router_logits` in its config, a nonzero `router_aux_loss_coef`): the
-    share of the batch's tokens each expert gets times its mean routing probability; a
-    contrastive loss over the batch's pairs (_contrastive)."""
+    loss (`output_router_logits` in the batch, else in its config, and a nonzero
+    `router_aux_loss_coef`): the share of the batch's tokens each expert gets times its
+    mean routing probability; a contrastive loss over the batch's pairs (_contrastive)."""
     config = _config(model)
-    if getattr(config, "output_router_logits", False) and \
-            getattr(config, "router_aux_loss_coef", 0):
+    routed = getattr(config, "output_router_logits", False)
+    if isinstance(batch, Mapping) and batch.get("output_router_logits") is not None:
+        routed = bool(batch["output_router_logits"])
+    if routed and getattr(config, "router_aux_loss_coef", 0):
         return ("the model's loss adds its router's load-balancing loss, a statistic over the "
                 "whole batch (output_router_logits): it would be per micro-batch")
     if _contrastive(wrapped.inner(model)):

@@ -599,7 +599,7 @@ class Step:
         be shared among micro-batches."""
         if not self.split:
             return "split=False: the loss or the model takes a statistic over the whole batch"
-        aux = loss_weights.batch_level_term(self.model)
+        aux = loss_weights.batch_level_term(self.model, batch)
         if aux is None and batch is not None:
             aux = loss_weights.mixed_means(self.model, batch) or \
                 loss_weights.whole_batch_targets(batch, size)
