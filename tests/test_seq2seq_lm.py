@@ -40,7 +40,13 @@ def marian():
     return tf.MarianMTModel(tf.MarianConfig(**SMALL))
 
 
-MODELS = {"t5": t5, "bart": bart, "marian": marian}
+def m2m100():  # NLLB's kind: no prepare_decoder_input_ids_from_labels (refused before)
+    torch.manual_seed(0)
+    return tf.M2M100ForConditionalGeneration(tf.M2M100Config(
+        encoder_layerdrop=0.0, decoder_layerdrop=0.0, **SMALL))
+
+
+MODELS = {"t5": t5, "bart": bart, "marian": marian, "m2m100": m2m100}
 
 
 def batch(rows=2, source=100, target=30):
