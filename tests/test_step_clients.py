@@ -642,3 +642,22 @@ def test_a_model_of_images_as_rows_of_patches_steps_under_a_limit_with_its_loss_
         with act.Step(model, limit="free") as step:
             step(patches_batch())
     assert_same_gradients(model, plain)
+
+
+def test_one_sample_with_its_images_as_rows_of_patches_steps_under_a_limit():
+    """One sample is planned along its tokens where it is a sequence: the image's grid, a 2-D
+    integer tensor of one row, read as a sequence of 3 tokens, was cut with them in the probes
+    (a ValueError deep in the model). Such a batch is planned by samples."""
+    batch = patches_batch()
+    one = {k: v[:1] for k, v in batch.items()}
+    one["pixel_values"] = batch["pixel_values"][:16]  # the first sample's one image
+    ids = torch.randint(1, VOCAB - 3, (1, 200), generator=torch.Generator().manual_seed(2))
+    ids[0, :40] = batch["input_ids"][0]
+    one.update(input_ids=ids, attention_mask=torch.ones_like(ids),
+               mm_token_type_ids=(ids == VOCAB - 1).long(),
+               labels=ids.masked_fill(ids >= VOCAB - 3, -100))
+    model, plain = qwen2_vl(), qwen2_vl()
+    plain(**one).loss.backward()
+    with act.Step(model, limit="free") as step:
+        step(one)
+    assert_same_gradients(model, plain)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import micro_batches
+from . import micro_batches, vision_grid
 from .micro_batches import each_value
 
 
@@ -29,7 +29,11 @@ def token_lengths(batch, size: int) -> tuple | None:
     order, where each length is a sequence's: a 2-D integer tensor of it is there (token ids
     or labels, not an image's rows). An encoder-decoder's batch has two (its source and its
     labels); a decoder's one. None for a batch without such tensors, or with a tensor of a
-    length no sequence has (then nothing can be cut along a sequence safely)."""
+    length no sequence has (then nothing can be cut along a sequence safely), or with images
+    as rows of patches (vision_grid: their tokens cut short would not match their patches,
+    and their grid is no sequence)."""
+    if vision_grid.applies(batch):
+        return None
     shaped = [t for t in _tensors(batch) if t.dim() >= 2 and t.shape[0] == size]
     tokens = {t.shape[1] for t in shaped if t.dim() == 2 and not t.is_floating_point()
               and not t.is_complex() and t.dtype != torch.bool}
