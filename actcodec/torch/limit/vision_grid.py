@@ -24,8 +24,8 @@ def applies(batch) -> bool:
 
 def take(batch: Mapping, start: int, stop: int) -> dict:
     """The values of samples start:stop that are cut by image (the patches, the grid and what
-    has one item per image; None where those samples have none); ValueError where the grid does not hold the images the token
-    types name, or the patches are not the grid's."""
+    has one item per image; None where those samples have none); ValueError where the grid
+    does not hold the images the token types name, or the patches are not the grid's."""
     types = batch["mm_token_type_ids"]
     out = {}
     for kind, pixels, grid, per_item in KINDS:
