@@ -1,5 +1,5 @@
 """act.Step on a CUDA device (skipped without one): every step's peak reserved memory under
-the limit, probes included, exact gradients; limit="free"; a limit above the device's memory
+the limit, probes included (sampled from a thread, and as Step reads it), exact gradients; limit="free"; a limit above the device's memory
 warns. The device-independent parts (the meter's interface, the offload's bookkeeping) are
 tested on the CPU in test_meter.py and test_offload.py."""
 import pytest
@@ -37,6 +37,30 @@ def plain_step(m, batch):
     return floor, plain_peak, plain
 
 
+class Reserved:
+    """The device's reserved bytes, sampled by a thread every 0.2 ms while it is entered: a
+    reading Step does not make (it resets the device's own peak counter itself)."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.0002):
+            self.peak = max(self.peak, torch.cuda.memory_reserved())
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, torch.cuda.memory_reserved())
+
+
 def exact_to(m, plain, step) -> None:
     cos = torch.nn.functional.cosine_similarity(flat_grad(m).double(), plain.double(), dim=0)
     assert cos >= 0.99999, (float(cos), step.describe())
@@ -51,7 +75,9 @@ def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
     step = act.Step(m, limit=limit, exact=True)
     for _ in range(3):
         torch.cuda.empty_cache()
-        step(batch)
+        with Reserved() as seen:
+            step(batch)
+        assert seen.peak <= limit, (seen.peak / MiB, limit / MiB, step.describe())
         assert step.stats.peak <= limit, (step.stats, step.describe())
         assert torch.cuda.memory_reserved() <= limit
         exact_to(m, plain, step)
@@ -82,9 +108,11 @@ def test_one_long_sequence_on_cuda_is_planned_along_it_with_its_moments():
     step = act.Step(m, limit=limit, exact=True)
     for _ in range(3):
         torch.cuda.reset_peak_memory_stats()
-        step(batch)
-        # the step's own reading (its probes included) and the device's counter since the
-        # step's last reset of it
+        with Reserved() as seen:
+            step(batch)
+        # sampled from outside, the step's own reading (its probes included) and the
+        # device's counter since the step's last reset of it
+        assert seen.peak <= limit, (seen.peak / MiB, limit / MiB, step.describe())
         assert step.stats.peak <= limit, (step.stats, step.describe())
         assert torch.cuda.max_memory_reserved() <= limit, step.describe()
         exact_to(m, plain, step)
