@@ -1,7 +1,11 @@
 """act.Step on a CUDA device (skipped without one): every step's peak reserved memory under
-the limit, probes included (sampled from a thread, and as Step reads it), exact gradients; limit="free"; a limit above the device's memory
-warns. The device-independent parts (the meter's interface, the offload's bookkeeping) are
-tested on the CPU in test_meter.py and test_offload.py."""
+the limit, probes included (sampled from a thread, and as Step reads it), exact gradients;
+limit="free"; a limit above the device's memory warns. The device-independent parts (the
+meter's interface, the offload's bookkeeping) are tested on the CPU in test_meter.py and
+test_offload.py."""
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -37,28 +41,14 @@ def plain_step(m, batch):
     return floor, plain_peak, plain
 
 
-class Reserved:
-    """The device's reserved bytes, sampled by a thread every 0.2 ms while it is entered: a
-    reading Step does not make (it resets the device's own peak counter itself)."""
-
-    def __init__(self):
-        import threading
-
-        self.peak, self._stop = 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.wait(0.0002):
-            self.peak = max(self.peak, torch.cuda.memory_reserved())
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, torch.cuda.memory_reserved())
+def sampler():
+    """bench/gpu_step.py's Sampler: the device's reserved bytes sampled by a thread, a reading
+    Step does not make (it resets the device's own peak counter itself)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_gpu_step", Path(__file__).resolve().parents[1] / "bench" / "gpu_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Sampler()
 
 
 def exact_to(m, plain, step) -> None:
@@ -73,15 +63,17 @@ def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
     floor, plain_peak, plain = plain_step(m, batch)
     limit = floor + plain.numel() * 4 + (plain_peak - floor) // 3
     step = act.Step(m, limit=limit, exact=True)
-    for _ in range(3):
-        torch.cuda.empty_cache()
-        with Reserved() as seen:
+    with sampler() as seen:
+        for _ in range(3):
+            torch.cuda.empty_cache()
+            seen.take()
             step(batch)
-        assert seen.peak <= limit, (seen.peak / MiB, limit / MiB, step.describe())
-        assert step.stats.peak <= limit, (step.stats, step.describe())
-        assert torch.cuda.memory_reserved() <= limit
-        exact_to(m, plain, step)
-        m.zero_grad(set_to_none=True)
+            peak = seen.take()
+            assert peak <= limit, (peak / MiB, limit / MiB, step.describe())
+            assert step.stats.peak <= limit, (step.stats, step.describe())
+            assert torch.cuda.memory_reserved() <= limit
+            exact_to(m, plain, step)
+            m.zero_grad(set_to_none=True)
     assert step.plan.micro_batches > 1 or step.plan.recompute or step.plan.storage != "plain"
 
 
@@ -106,16 +98,18 @@ def test_one_long_sequence_on_cuda_is_planned_along_it_with_its_moments():
     floor, plain_peak, plain = plain_step(m, batch)
     limit = floor + plain.numel() * 4 + (plain_peak - floor - plain.numel() * 4) // 2
     step = act.Step(m, limit=limit, exact=True)
-    for _ in range(3):
-        torch.cuda.reset_peak_memory_stats()
-        with Reserved() as seen:
+    with sampler() as seen:
+        for _ in range(3):
+            torch.cuda.reset_peak_memory_stats()
+            seen.take()
             step(batch)
-        # sampled from outside, the step's own reading (its probes included) and the
-        # device's counter since the step's last reset of it
-        assert seen.peak <= limit, (seen.peak / MiB, limit / MiB, step.describe())
-        assert step.stats.peak <= limit, (step.stats, step.describe())
-        assert torch.cuda.max_memory_reserved() <= limit, step.describe()
-        exact_to(m, plain, step)
-        m.zero_grad(set_to_none=True)
+            peak = seen.take()
+            # sampled from outside, the step's own reading (its probes included) and the
+            # device's counter since the step's last reset of it
+            assert peak <= limit, (peak / MiB, limit / MiB, step.describe())
+            assert step.stats.peak <= limit, (step.stats, step.describe())
+            assert torch.cuda.max_memory_reserved() <= limit, step.describe()
+            exact_to(m, plain, step)
+            m.zero_grad(set_to_none=True)
     assert step.profile.unit == "token"
     assert all(b.moment is not None for b in step.profile.blocks), step.profile
