@@ -56,6 +56,23 @@ def exact_to(m, plain, step) -> None:
     assert cos >= 0.99999, (float(cos), step.describe())
 
 
+def steps_within(m, step, batch, limit, plain, before, device_counter) -> None:
+    """Three steps (`before()` ahead of each): each one's reserved bytes sampled from outside,
+    Step's own reading (its probes included) and `device_counter()` after it under the
+    limit; each gradient plain's."""
+    with sampler() as seen:
+        for _ in range(3):
+            before()
+            seen.take()
+            step(batch)
+            peak = seen.take()
+            assert peak <= limit, (peak / MiB, limit / MiB, step.describe())
+            assert step.stats.peak <= limit, (step.stats, step.describe())
+            assert device_counter() <= limit, step.describe()
+            exact_to(m, plain, step)
+            m.zero_grad(set_to_none=True)
+
+
 def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
     m = gpt2()
     ids = torch.randint(0, 2048, (16, 512), device="cuda")
@@ -63,17 +80,8 @@ def test_step_on_cuda_keeps_every_peak_under_the_limit_and_is_exact():
     floor, plain_peak, plain = plain_step(m, batch)
     limit = floor + plain.numel() * 4 + (plain_peak - floor) // 3
     step = act.Step(m, limit=limit, exact=True)
-    with sampler() as seen:
-        for _ in range(3):
-            torch.cuda.empty_cache()
-            seen.take()
-            step(batch)
-            peak = seen.take()
-            assert peak <= limit, (peak / MiB, limit / MiB, step.describe())
-            assert step.stats.peak <= limit, (step.stats, step.describe())
-            assert torch.cuda.memory_reserved() <= limit
-            exact_to(m, plain, step)
-            m.zero_grad(set_to_none=True)
+    steps_within(m, step, batch, limit, plain, torch.cuda.empty_cache,
+                 torch.cuda.memory_reserved)
     assert step.plan.micro_batches > 1 or step.plan.recompute or step.plan.storage != "plain"
 
 
@@ -98,18 +106,8 @@ def test_one_long_sequence_on_cuda_is_planned_along_it_with_its_moments():
     floor, plain_peak, plain = plain_step(m, batch)
     limit = floor + plain.numel() * 4 + (plain_peak - floor - plain.numel() * 4) // 2
     step = act.Step(m, limit=limit, exact=True)
-    with sampler() as seen:
-        for _ in range(3):
-            torch.cuda.reset_peak_memory_stats()
-            seen.take()
-            step(batch)
-            peak = seen.take()
-            # sampled from outside, the step's own reading (its probes included) and the
-            # device's counter since the step's last reset of it
-            assert peak <= limit, (peak / MiB, limit / MiB, step.describe())
-            assert step.stats.peak <= limit, (step.stats, step.describe())
-            assert torch.cuda.max_memory_reserved() <= limit, step.describe()
-            exact_to(m, plain, step)
-            m.zero_grad(set_to_none=True)
+    # the device's counter since the step's last reset of it
+    steps_within(m, step, batch, limit, plain, torch.cuda.reset_peak_memory_stats,
+                 torch.cuda.max_memory_reserved)
     assert step.profile.unit == "token"
     assert all(b.moment is not None for b in step.profile.blocks), step.profile
