@@ -15,12 +15,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 MiB = 1 << 20
 
 
-def gpt2():
+def gpt2(positions: int = 1024):
     tf = pytest.importorskip("transformers")
     tf.logging.set_verbosity_error()
     torch.manual_seed(0)
     cfg = tf.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2048, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
+                        embd_pdrop=0.0, attn_pdrop=0.0, n_positions=positions)
     return tf.GPT2LMHeadModel(cfg).cuda().train()
 
 
@@ -100,7 +100,7 @@ def test_limit_free_and_a_limit_above_the_device():
 def test_one_long_sequence_on_cuda_is_planned_along_it_with_its_moments():
     # batch 1: probes along the sequence, each block's moment in backward from the allocated
     # bytes' own peak (meter.CudaMeter.live_peak); every step under a limit plain exceeds
-    m = gpt2()
+    m = gpt2(positions=4096)  # GPT-2's positions end at n_positions: past them, an index error
     ids = torch.randint(0, 2048, (1, 4096), device="cuda")
     batch = {"input_ids": ids, "labels": ids}
     floor, plain_peak, plain = plain_step(m, batch)
