@@ -449,6 +449,26 @@ def test_a_step_runs_a_head_its_config_does_not_describe_with_the_models_own_los
         assert torch.equal(p.grad, want[name]), name
 
 
+def test_a_step_compares_the_head_once_not_per_micro_batch(monkeypatch):
+    """Each comparison of the model's last logits with the chunked path's head reads the
+    device; the head is the same in every micro-batch of a step, so a step compares it at
+    its first call only, and its gradient is the model's own loss's."""
+    from actcodec.torch.limit import causal_lm, limit_plan
+    m, plain = model("llama-untied"), model("llama-untied")
+    batch = padded_batch(lengths=(13, 6, 9, 11), width=13)
+    _, want = loss_and_grads(plain, lambda: plain(**batch).loss)
+    compared, real = [], causal_lm._check_head
+    monkeypatch.setattr(causal_lm, "_check_head", lambda *a: compared.append(1) or real(*a))
+    with act.Step(m, limit="free", plan=limit_plan.Plan(4, ())) as step:
+        step(batch)
+        m.zero_grad(set_to_none=True)
+        compared.clear()
+        step(batch)
+    assert len(compared) == 1, compared
+    for name, p in m.named_parameters():
+        assert relative_error(p.grad, want[name]) < 1e-5, name
+
+
 MIXTURES = {
     "mixtral": lambda: tf.MixtralForCausalLM(tf.MixtralConfig(
         num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,

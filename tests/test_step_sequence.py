@@ -60,9 +60,9 @@ def test_one_long_sample_is_planned_along_its_tokens_and_gives_the_plain_gradien
     monkeypatch.setattr(step_profile, "probe", recording)
     chunked, real_loss = [], causal_lm.causal_lm_loss
 
-    def counting(model, b, chunk_tokens=None):
+    def counting(model, b, chunk_tokens=None, **kwargs):
         chunked.append(b["input_ids"].shape[1])
-        return real_loss(model, b, chunk_tokens=chunk_tokens)
+        return real_loss(model, b, chunk_tokens=chunk_tokens, **kwargs)
 
     monkeypatch.setattr(causal_lm, "causal_lm_loss", counting)
     model = MODELS[name]()

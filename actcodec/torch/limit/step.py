@@ -518,7 +518,7 @@ class Step:
             return self.loss_fn
         kind, chunk = chunked
         if kind is causal_lm:
-            return lambda model, b: causal_lm.causal_lm_loss(model, b, chunk_tokens=chunk)
+            return _checked_once(chunk)
         if kind is masked_lm:
             return lambda model, b: masked_lm.masked_lm_loss(model, b, chunk_tokens=chunk,
                                                              checked=True)
@@ -876,6 +876,20 @@ def _text_model_caches(config) -> bool:
         return getattr(get_text_config(), "use_cache", None) is not None
     except Exception:  # noqa: BLE001 (a config of several text models: not one to name)
         return False
+
+
+def _checked_once(chunk: int):
+    """A step's causal LM loss (one per step: its probes and micro-batches), comparing the
+    model's last logits with the head it applies at the first call only: each comparison is
+    a read from the device, and the head is the same model's in every micro-batch."""
+    checked = False
+
+    def loss(model, batch):
+        nonlocal checked
+        out = causal_lm.causal_lm_loss(model, batch, chunk_tokens=chunk, check_head=not checked)
+        checked = True
+        return out
+    return loss
 
 
 def _give_back_free(meter, limit: int) -> None:
