@@ -215,8 +215,9 @@ def _read(stats: torch.Tensor) -> tuple:
     """The statistics rows, read (one host sync for device rows) and summed up: nonzero
     count, whether the nonzero elements are one bit pattern, non-finite elements, huge
     elements, bad groups."""
-    rows = stats.cpu().numpy().astype(np.int64)  # int64: 128 rows of int32 counts may wrap
-    nnz, nonfinite, huge, bad = (int(rows[:, k].sum()) for k in (0, 3, 4, 5))
+    rows = stats.cpu().numpy()
+    sums = rows.sum(axis=0, dtype=np.int64)  # int64: 128 rows of int32 counts may wrap
+    nnz, nonfinite, huge, bad = (int(sums[k]) for k in (0, 3, 4, 5))
     lo, hi = int(rows[:, 1].min()), int(rows[:, 2].max())
     return nnz, nnz > 0 and lo == hi, nonfinite, huge, bad
 
