@@ -219,7 +219,8 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
         out.setdefault("plan", step.describe())
         step.close()
     if offload is not None:
-        out["offloaded_MiB"] = offload.stats["bytes"] // MiB // steps
+        ran = len(out["times_ms"]) + (LOOP_STEPS if "loop_ms" in out else 0)
+        out["offloaded_MiB"] = offload.stats["bytes"] // MiB // max(1, ran)  # per step
         out["prefetched"], out["on_demand"] = offload.stats["prefetched"], \
             offload.stats["on_demand"]
     if plain_grads is not None and grads is not None:
