@@ -52,6 +52,7 @@ TILE = 2048  # elements per program of the bitmap kernels
 QUANT_TILE = 1024
 DECODE_TILE = 2048
 _LIMIT = 2**31
+_ROW_START = -2**31  # every statistics slot's start (triton_kernels._stats_row)
 
 
 def applies(t: torch.Tensor) -> bool:
@@ -105,8 +106,8 @@ def encode(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
     if codec == "mask":
         if nnz and not one_value:
             raise ValueError("not a mask: its nonzero elements differ (use bitmap)")
-        value = stats[:, 1].min() if nnz else torch.zeros((), dtype=torch.int32,
-                                                          device=flat.device)
+        value = torch.bitwise_not(stats[:, 1].max()) if nnz else \
+            torch.zeros((), dtype=torch.int32, device=flat.device)
         return container.Encoded("mask", name, shape, {},
                                  (bm, device._bytes(value.to(_INT[es]).reshape(1))), nnz)
     values = _compact(flat, counts, nnz)
@@ -204,11 +205,8 @@ def _launch(kernel, programs: int, *args, **constants):
 
 def _stats(dev) -> torch.Tensor:
     """Statistics rows the kernels fold into (see triton_kernels._stats_row), made on the
-    device: a tensor built from host values would wait for the stream first."""
-    stats = torch.zeros(kernels().SLOTS.value, 6, dtype=torch.int32, device=dev)
-    stats[:, 1].fill_(2**31 - 1)
-    stats[:, 2].fill_(-2**31)
-    return stats
+    device in one fill (a tensor built from host values would wait for the stream first)."""
+    return torch.full((kernels().SLOTS.value, 6), _ROW_START, dtype=torch.int32, device=dev)
 
 
 def _read(stats: torch.Tensor) -> tuple:
@@ -216,9 +214,10 @@ def _read(stats: torch.Tensor) -> tuple:
     count, whether the nonzero elements are one bit pattern, non-finite elements, huge
     elements, bad groups."""
     rows = stats.cpu().numpy()
-    sums = rows.sum(axis=0, dtype=np.int64)  # int64: 128 rows of int32 counts may wrap
+    # in int64: each row's count is its value + 2^31 (it started at _ROW_START)
+    sums = rows.sum(axis=0, dtype=np.int64) - len(rows) * _ROW_START
     nnz, nonfinite, huge, bad = (int(sums[k]) for k in (0, 3, 4, 5))
-    lo, hi = int(rows[:, 1].min()), int(rows[:, 2].max())
+    lo, hi = ~int(rows[:, 1].max()), int(rows[:, 2].max())
     return nnz, nnz > 0 and lo == hi, nonfinite, huge, bad
 
 

@@ -46,20 +46,22 @@ def _mix32(x):
 @triton.jit
 def _stats_row(stats_ptr, pid, b, valid, EXP: tl.constexpr, HUGE: tl.constexpr,
                ABS: tl.constexpr, bad):
-    """Fold a tile into its statistics row (six int32, starting at 0, INT32_MAX, INT32_MIN,
-    0, 0, 0) with atomics: nonzero count, the least and greatest nonzero bit pattern (equal
-    iff the nonzero elements are one pattern), non-finite elements, finite elements of
-    magnitude at least HUGE (2^126: a group's range could overflow float32), and `bad` (the
-    caller's count of bad groups). b: the element bits as int32, and valid, of one shape
-    (any rank: each reduction is over every element, in whatever order the compiler
-    keeps them, so no layout is converted). Returns the nonzero count."""
+    """Fold a tile into its statistics row (six int32, each starting at INT32_MIN: one fill
+    makes them) with atomics: nonzero count, the greatest complement (~) of a nonzero bit
+    pattern and the greatest nonzero bit pattern (the least pattern is the complement of the
+    first: the two are equal iff the nonzero elements are one pattern), non-finite elements,
+    finite elements of magnitude at least HUGE (2^126: a group's range could overflow
+    float32), and `bad` (the caller's count of bad groups). Counts add to INT32_MIN, wrapping:
+    a row's count is its value + 2^31 (each under 2^32). b: the element bits as int32, and
+    valid, of one shape (any rank: each reduction is over every element, in whatever order
+    the compiler keeps them, so no layout is converted). Returns the nonzero count."""
     nz = (b != 0) & valid
     nonfinite = ((b & EXP) == EXP) & valid
     huge = ((b & ABS) >= HUGE) & ~nonfinite & valid
     count = tl.sum(nz.to(tl.int32))
     stats_ptr += (pid % SLOTS) * 6
     tl.atomic_add(stats_ptr, count, sem="relaxed")
-    tl.atomic_min(stats_ptr + 1, tl.min(tl.where(nz, b, 2147483647)), sem="relaxed")
+    tl.atomic_max(stats_ptr + 1, tl.max(tl.where(nz, ~b, -2147483647 - 1)), sem="relaxed")
     tl.atomic_max(stats_ptr + 2, tl.max(tl.where(nz, b, -2147483647 - 1)), sem="relaxed")
     tl.atomic_add(stats_ptr + 3, tl.sum(nonfinite.to(tl.int32)), sem="relaxed")
     tl.atomic_add(stats_ptr + 4, tl.sum(huge.to(tl.int32)), sem="relaxed")
