@@ -6,7 +6,7 @@ pass's reports a dense input), against the same step without compression.
 
 On a GPU this work is what a compressed step waits for: an H200 ran the kernels of the
 GPT-2 step under `8bit` in 276 ms against plain's 257, and the step took 1.37-1.40x plain
-(docs/GPU.md), about 220 saves each costing its host about 1 ms. Here it is measured where
+(docs/GPU.md), about 220 saves each costing its host 0.5-1 ms. Here it is measured where
 the save path is changed: microseconds of host time per save (the step's time over plain's,
 over its saves) and the torch calls each save adds (each one costs a GPU's host 10-50 us).
 The stand-ins write no output, so the gradients are meaningless; the stand-in launches are
