@@ -13,7 +13,8 @@
 #   4. the fused kernels' tests on the device (the tile test, whose variants take the
 #      longest to compile, left out);
 #   5. bench/gpu.py on GPT-2 (codecs with their "fused-unread" rows, tile x warps, the step
-#      under the presets; its JSON written after each part).
+#      under the presets; its JSON written after each part);
+#   6. bench/gpu_profile.py: where the time of plain, Step at a third and 8-bit steps goes.
 # Logs and tables under $OUT.
 set -u
 export PYTHONUNBUFFERED=1
@@ -57,5 +58,7 @@ part "fused kernels' tests" 120 15 \
   $PYTEST tests/test_torch_fused.py -k "not tile_a_program"
 part "bench/gpu.py" 240 40 \
   python3 bench/gpu.py --models gpt2 --steps 3
+part "bench/gpu_profile.py" 90 12 \
+  python3 bench/gpu_profile.py "$OUT/profile.txt" --configs codecs,plain,limit,8bit --limit 6999
 cp docs/gpu/latest.md docs/gpu/latest.json "$OUT/" 2>/dev/null
 echo "== end ($((SECONDS - START)) s)"
