@@ -108,9 +108,9 @@ def gpt2(dev, cpu: bool):
         cfg = tf.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, resid_pdrop=0.0,
                             embd_pdrop=0.0, attn_pdrop=0.0)
         return tf.GPT2LMHeadModel(cfg).to(dev).train(), (2, 64), 512
-    cfg = tf.GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=8192, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
-    return tf.GPT2LMHeadModel(cfg).to(dev).train(), (16, 1024), 8192
+    from gpu_step import layout  # the GPT-2 layout bench/gpu_step.py measures
+    m, shape, vocab = layout("gpt2")
+    return m.to(dev).train(), shape, vocab
 
 
 def step_profile(report, dev, config: str, limit_mib: int, trace: str | None, cpu: bool):
