@@ -72,6 +72,33 @@ def test_a_dense_save_is_the_waiting_encode_and_reads_nothing(as_device, monkeyp
     assert torch.equal(bits_of(p.unpack()), bits_of(packing.pack(x, Setting(bits=8)).unpack()))
 
 
+def test_saves_of_a_run_share_row_blocks_and_never_a_row(as_device, monkeypatch):
+    monkeypatch.setattr(fused.Rows, "COUNT", 4)
+    rows = fused.Rows()
+    xs = [torch.relu(randn(2000, seed=k)) * (randn(2000, seed=50 + k) > 0.5 * (k % 3))
+          for k in range(10)]  # dense, ~30% and ~13% nonzero: some settle as bitmaps
+    packs = [packing.pack(x, Setting(bits=4), defer=True, rows=rows) for x in xs]
+    hosts = [p.unsettled.unread.host for p in packs]
+    assert len({h.data_ptr() for h in hosts}) == 10  # a row each
+    assert len({h.untyped_storage().data_ptr() for h in hosts}) == 3  # blocks of 4
+    for p, x in zip(packs, xs):  # rows read after later encodes wrote theirs
+        p.settle()
+        want = fused.encode(x, "auto", bits=4)
+        assert p.codec == want.codec
+        assert p.enc.to("cpu").to_bytes() == want.to("cpu").to_bytes()
+
+
+def test_a_quant_encoding_is_one_allocation(as_device):
+    x = randn(3, 1001)
+    enc = fused.encode(x, "quant", bits=4, group_size=64)
+    packed, mins, scales = enc.buffers
+    base = packed.untyped_storage().data_ptr()
+    assert {b.untyped_storage().data_ptr() for b in enc.buffers} == {base}
+    assert (mins.data_ptr() - base) % 16 == 0 and (scales.data_ptr() - base) % 16 == 0
+    assert enc.to("cpu").to_bytes() == actcodec.encode(x.cpu(), "quant", bits=4,
+                                                       group_size=64).to_bytes()
+
+
 def test_a_sparse_save_is_encoded_again_as_auto_chooses(as_device):
     x = torch.relu(randn(4096, seed=1)) * (randn(4096, seed=2) > 1.0)  # ~16% nonzero
     p = packing.pack(x, Setting(bits=4), defer=True)

@@ -19,6 +19,7 @@ window, actcodec.torch.save.unsettled, and Packed.settle).
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -29,6 +30,7 @@ from ...bitmap import nonzero_count
 from . import device
 
 
+@functools.cache
 def kernels():
     """The kernels' module, imported on first use (importing Triton takes seconds, which a
     process that never encodes on a GPU should not pay); None without Triton (CPU wheels,
@@ -133,17 +135,47 @@ def _quant_choice(codec: str, counts: tuple, n: int, es: int, p: dict) -> str:
                                                     one_value))
 
 
+class Rows:
+    """Statistics rows for a run of deferred encodes (one save session's), made many at a
+    time: one fill on the device, and on a GPU one block of pinned host memory they are
+    copied into, where each encode would otherwise make its own (a device launch and a
+    pinned allocation, each costing the host more than the views that replace them). Each
+    encode takes the next rows; none is handed out twice (fresh blocks replace used-up
+    ones), so rows on their way to the host are never written again."""
+
+    COUNT = 64  # encodes per block: 64 x 3 KiB on the device and in pinned memory
+
+    def __init__(self):
+        self._blocks: dict = {}  # device -> [device rows, pinned rows or None, next index]
+
+    def take(self, dev) -> tuple:
+        """(rows for one encode on `dev`, the pinned rows to copy them into or None)."""
+        block = self._blocks.get(dev)
+        if block is None or block[2] == self.COUNT:
+            rows = torch.full((self.COUNT, kernels().SLOTS.value, 6), _ROW_START,
+                              dtype=torch.int32, device=dev)
+            pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True) \
+                if rows.device.type == "cuda" else None
+            block = self._blocks[dev] = [rows, pinned, 0]
+        rows, pinned, i = block
+        block[2] = i + 1
+        return rows[i], None if pinned is None else pinned[i]
+
+
 class Unread:
     """Statistics rows of a quant pass on their way to the host: on a GPU copied behind the
-    kernel into pinned memory, with an event after the copy, so that nothing waits for the
-    device until they are read (CPU tensors, under the interpreter: the rows themselves)."""
+    kernel into pinned memory (`host`, else allocated here), with an event after the copy,
+    so that nothing waits for the device until they are read (CPU tensors, under the
+    interpreter: the rows themselves)."""
 
     __slots__ = ("host", "event", "n", "es", "codec", "params")
 
-    def __init__(self, stats: torch.Tensor, n: int, es: int, codec: str, params: dict):
+    def __init__(self, stats: torch.Tensor, n: int, es: int, codec: str, params: dict,
+                 host: torch.Tensor | None = None):
         self.n, self.es, self.codec, self.params = n, es, codec, params
         if stats.device.type == "cuda":
-            self.host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+            self.host = host if host is not None else \
+                torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
             self.host.copy_(stats, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record(torch.cuda.current_stream(stats.device))  # the copy's
@@ -167,12 +199,14 @@ class Unread:
 
 def encode_unread(t: torch.Tensor, codec: str = "auto", *, bits: int | None = None,
                   group_size: int | None = 256, rounding: str = "nearest",
-                  seed: int = 0) -> tuple[container.Encoded, Unread] | None:
+                  seed: int = 0,
+                  rows: Rows | None = None) -> tuple[container.Encoded, Unread] | None:
     """The quant encoding of t that `encode(t, codec, bits=...)` gives when its input has no
     bad group and ("auto") quant is the smallest codec, without reading anything back, and the
     statistics that say whether it does (`Unread.same_as_encode`); the caller keeps t as it is
     until then, to encode it again where it does not. None where the kernels do not take t
-    (encode it with `encode`)."""
+    (encode it with `encode`). rows: where its statistics go (the caller's run of encodes),
+    else rows of its own."""
     if bits is None or codec not in ("auto", "quant") or not isinstance(t, torch.Tensor) or \
             kernels() is None or t.dtype not in _TORCH or not 0 < t.numel() < _LIMIT:
         return None
@@ -180,9 +214,10 @@ def encode_unread(t: torch.Tensor, codec: str = "auto", *, bits: int | None = No
     flat, name = device._flat_bits(t)
     if not _tile_holds(flat.numel(), p["group_size"]):
         return None
-    bufs, stats = _quantize(flat, name, p)
+    stats, host = rows.take(flat.device) if rows is not None else (None, None)
+    bufs, stats = _quantize(flat, name, p, stats=stats)
     enc = container.Encoded("quant", name, tuple(int(d) for d in t.shape), p, bufs)
-    return enc, Unread(stats, flat.numel(), flat.element_size(), codec, p)
+    return enc, Unread(stats, flat.numel(), flat.element_size(), codec, p, host)
 
 
 def _tile_holds(n: int, group: int | None) -> bool:
@@ -222,10 +257,11 @@ def _read(stats: torch.Tensor) -> tuple:
 
 
 def _quantize(flat: torch.Tensor, name: str, p: dict, tile: int | None = None,
-              warps: int | None = None):
-    """[packed, mins, scales] of flat's elements, and their statistics rows. tile, warps:
-    the elements per program (a power of two holding whole groups; the bytes do not depend
-    on it) and its warps, where not the defaults (bench/gpu.py compares them)."""
+              warps: int | None = None, stats: torch.Tensor | None = None):
+    """[packed, mins, scales] of flat's elements, and their statistics rows (`stats`, fresh
+    ones from `_stats` where not given). tile, warps: the elements per program (a power of
+    two holding whole groups; the bytes do not depend on it) and its warps, where not the
+    defaults (bench/gpu.py compares them)."""
     n, dev, bits = flat.numel(), flat.device, p["bits"]
     group = p["group_size"]
     G = n if not group or group >= n else group
@@ -237,17 +273,19 @@ def _quantize(flat: torch.Tensor, name: str, p: dict, tile: int | None = None,
     programs = -(-n // tile)
     ngroups = quant.ngroups(n, group)
     nbytes = quant.packed_nbytes(n, bits)
-    packed = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    mins = torch.empty(ngroups, dtype=torch.float32, device=dev)
-    scales = torch.empty(ngroups, dtype=torch.float32, device=dev)
-    stats = _stats(dev)
+    # One allocation for the three buffers (a device allocation costs its host more than a
+    # view): the codes, then the mins and the scales, each from a multiple of 16 bytes.
+    mins_at = -(-nbytes // 16) * 16
+    scales_at = mins_at + -(-4 * ngroups // 16) * 16
+    out = torch.empty(scales_at + 4 * ngroups, dtype=torch.uint8, device=dev)
+    stats = stats if stats is not None else _stats(dev)
     stochastic = p["rounding"] == "stochastic"
     key = device._round_key(p["seed"], 0) if stochastic else 0
-    _launch(kernels().quant_encode, programs, flat, packed, mins, scales, stats, n, nbytes,
-            ngroups, key, G=G, TILE=tile, BITS=bits, STOCHASTIC=stochastic, KIND=KIND[name],
+    _launch(kernels().quant_encode, programs, flat, out, stats, n, nbytes, ngroups, key,
+            mins_at, scales_at, G=G, TILE=tile, BITS=bits, STOCHASTIC=stochastic, KIND=KIND[name],
             EXP=_EXP[name], HUGE=_HUGE[name], ABS=_ABS[name],
             num_warps=warps or (2 if tile <= 1024 else 4))
-    return [packed, device._bytes(mins), device._bytes(scales)], stats
+    return [out[:nbytes], out[mins_at:mins_at + 4 * ngroups], out[scales_at:]], stats
 
 
 def _bitmap(flat: torch.Tensor, name: str):

@@ -248,7 +248,8 @@ def keep(t: torch.Tensor) -> Packed:
 
 
 def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
-         opts: dict | None = None, alloc=None, defer: bool = False) -> Packed:
+         opts: dict | None = None, alloc=None, defer: bool = False,
+         rows: fused.Rows | None = None) -> Packed:
     """Compress `t` as `setting` says (see the module docstring for what is kept). Payloads
     take memory from `store` (an actcodec Store, or None for numpy's heap; `alloc`, its
     allocator, when the caller made one); the tensors backward decodes come from torch's
@@ -257,7 +258,7 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
     rather than kept (a budget can then page it out or re-encode it). opts: the codec
     call's resolved options (default: the setting's thread count). defer: on a device whose
     kernels take it, a quant encoding is returned before its statistics are read, unsettled
-    (see `Packed.settle`; the caller settles it)."""
+    (see `Packed.settle`; the caller settles it), its statistics into `rows` where given."""
     t = t.detach()
     nbytes = t.numel() * t.element_size()
     if setting.codec == "keep" or t.is_complex() or t.is_sparse or t.is_quantized:
@@ -284,7 +285,7 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
             store_alloc(store), keep_raw=keep_dense, wrap=torch.from_numpy)
     else:
         kwargs = setting.codec_kwargs()
-        unread = fused.encode_unread(source, setting.codec, **kwargs) \
+        unread = fused.encode_unread(source, setting.codec, rows=rows, **kwargs) \
             if defer and fused.applies(source) else None
         if unread is not None:
             packed = Packed(unread[0], lay, original_nbytes=source.numel() *

@@ -70,15 +70,20 @@ def _stats_row(stats_ptr, pid, b, valid, EXP: tl.constexpr, HUGE: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["key"])  # a key of 1 would become a constant
-def quant_encode(x_ptr, packed_ptr, mins_ptr, scales_ptr, stats_ptr, n, nbytes, ngroups, key,
+def quant_encode(x_ptr, out_ptr, stats_ptr, n, nbytes, ngroups, key, mins_at, scales_at,
                  G: tl.constexpr, TILE: tl.constexpr, BITS: tl.constexpr,
                  STOCHASTIC: tl.constexpr, KIND: tl.constexpr, EXP: tl.constexpr,
                  HUGE: tl.constexpr, ABS: tl.constexpr):
     """Per-group quantization of a tile of TILE elements (whole groups of a power-of-two G;
     the array's last group may be short) in one read: group extrema, scales, codes packed in
     the unified layout, and the tile's statistics folded into a row (see _stats_row; bad
-    groups: those whose scale is not finite, from a NaN/inf or a range beyond float32)."""
+    groups: those whose scale is not finite, from a NaN/inf or a range beyond float32). The
+    codes, mins and scales go into one byte buffer: the codes from its start, the float32
+    mins and scales from byte offsets mins_at and scales_at (multiples of 4)."""
     pid = tl.program_id(0).to(tl.int64)
+    packed_ptr = out_ptr
+    mins_ptr = (out_ptr + mins_at).to(tl.pointer_type(tl.float32))
+    scales_ptr = (out_ptr + scales_at).to(tl.pointer_type(tl.float32))
     ROWS: tl.constexpr = TILE // G
     LEVELS: tl.constexpr = (1 << BITS) - 1
     r = tl.arange(0, ROWS)

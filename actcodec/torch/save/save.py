@@ -25,6 +25,7 @@ from ... import store as stores
 from ..budget import sensitivity
 from . import boundary
 from .accounting import Row
+from ..codecs.fused import Rows
 from ..codecs.packed import Packed, keep, pack, store_alloc
 from .policy import Policy, Setting
 from .unsettled import Window
@@ -94,6 +95,7 @@ class SaveSession:
         self._kept: dict = {}  # same key -> packed ref
         self._token, self._thread = None, None
         self.unsettled = Window()  # device saves whose statistics are on the way
+        self.rows = Rows()  # where their statistics go
 
     # ---- entering and leaving ----
 
@@ -176,7 +178,7 @@ class SaveSession:
         t0 = time.perf_counter()
         packed = pack(t, setting, self.store, keep_dense=budget is None,
                       opts=self.options(setting.thread_count()), alloc=self.alloc,
-                      defer=defer)
+                      defer=defer, rows=self.rows)
         packed = self.adopt(packed, op, layer, time.perf_counter() - t0, t, setting, site,
                             held)
         if packed.unsettled is not None:
