@@ -8,9 +8,12 @@ On a GPU this work is what a compressed step waits for: an H200 ran the kernels 
 GPT-2 step under `8bit` in 276 ms against plain's 257, and the step took 1.37-1.40x plain
 (docs/GPU.md), about 220 saves each costing its host 0.5-1 ms. Here it is measured where
 the save path is changed: microseconds of host time per save (the step's time over plain's,
-over its saves) and the torch calls each save adds (each one costs a GPU's host 10-50 us).
-The stand-ins write no output, so the gradients are meaningless; the stand-in launches are
-not timed as Triton's would be (about 80 us each on that host: two per save).
+over its saves) and the torch calls each save adds, counted three ways: all of them (nested
+calls counted), the device allocations (`empty`, `empty_strided`), and the launches (the
+other innermost calls that are not views or metadata, and the Triton launches). On a GPU a
+view costs its host a few microseconds, an allocation or a launch 10-50 (a Triton launch
+about 80 on that host). The stand-ins write no output, so the gradients are meaningless;
+the stand-in launches are not timed as Triton's would be.
 
     python bench/save_host.py [--layers 4] [--steps 30] [--preset 8bit]
 """
@@ -29,10 +32,20 @@ from actcodec.torch.codecs import fused
 from actcodec.torch.codecs import packed as packing
 
 
+ALLOCATIONS = {"aten::empty", "aten::empty_strided"}
+# innermost calls that make no device work: views, metadata, no-op conversions
+METADATA = {"aten::view", "aten::as_strided", "aten::detach", "detach", "aten::to",
+            "aten::resolve_neg", "aten::resolve_conj", "aten::_reshape_alias", "aten::alias",
+            "aten::slice", "aten::select", "aten::permute", "aten::expand", "aten::t",
+            "aten::transpose", "aten::unsqueeze", "aten::squeeze", "aten::_unsafe_view",
+            "aten::lift_fresh", "aten::narrow", "aten::unbind", "aten::split"}
+
+
 def stand_in_launch(kernel, programs, *args, **constants):
     """No work; a quant pass's statistics say: every element nonzero, not one value."""
     if getattr(kernel, "__name__", "") == "quant_encode" or "quant_encode" in repr(kernel):
-        args[4].numpy()[0, :3] = (args[0].numel(), 0, 1)  # no torch call of its own
+        # written through numpy: no torch call of its own
+        args[2].numpy()[0, :3] = (args[0].numel() + fused._ROW_START, 0, 1)
 
 
 def device_decode(enc, dest, opts):
@@ -78,9 +91,12 @@ def measure(layers: int = 4, steps: int = 30, preset: str = "8bit") -> dict:
         return statistics.median(runs)
 
     def calls(f):
+        """(torch calls, allocations, launches) of a step."""
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             f()
-        return len(prof.events())
+        inner = [e.name for e in prof.events() if not e.cpu_children]
+        return (len(prof.events()), sum(n in ALLOCATIONS for n in inner),
+                sum(n not in ALLOCATIONS and n not in METADATA for n in inner))
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -88,10 +104,12 @@ def measure(layers: int = 4, steps: int = 30, preset: str = "8bit") -> dict:
     for p in patches:
         p.start()
     try:
-        saves = []
+        saves, launched = [], []
         real = fused.encode_unread
         with mock.patch.object(fused, "encode_unread",
-                               lambda *a, **k: saves.append(1) or real(*a, **k)):
+                               lambda *a, **k: saves.append(1) or real(*a, **k)), \
+                mock.patch.object(fused, "_launch",
+                                  lambda *a, **k: launched.append(1) or stand_in_launch(*a, **k)):
             compressed()
         t_plain, t_comp = seconds(plain), seconds(compressed)
         c_plain, c_comp = calls(plain), calls(compressed)
@@ -101,8 +119,10 @@ def measure(layers: int = 4, steps: int = 30, preset: str = "8bit") -> dict:
         torch.set_num_threads(threads)
     n = max(1, len(saves))
     return {"saves": len(saves), "host_us": (t_comp - t_plain) / n * 1e6,
-            "calls": (c_comp - c_plain) / n, "step_ms": t_comp * 1e3,
-            "plain_ms": t_plain * 1e3, "step_calls": c_comp, "plain_calls": c_plain}
+            "calls": (c_comp[0] - c_plain[0]) / n, "allocations": (c_comp[1] - c_plain[1]) / n,
+            "launches": (c_comp[2] - c_plain[2] + len(launched)) / n,
+            "triton": len(launched) / n, "step_ms": t_comp * 1e3, "plain_ms": t_plain * 1e3,
+            "step_calls": c_comp[0], "plain_calls": c_plain[0]}
 
 
 def main():
@@ -118,6 +138,8 @@ def main():
           f"plain's {r['plain_ms']:.2f})")
     print(f"torch calls per save: {r['calls']:.1f} ({r['step_calls']} a step against "
           f"plain's {r['plain_calls']}, nested calls counted)")
+    print(f"device allocations per save: {r['allocations']:.2f}; launches per save: "
+          f"{r['launches']:.2f}, {r['triton']:.2f} of them Triton's")
 
 
 if __name__ == "__main__":
