@@ -33,6 +33,8 @@ import time
 import torch
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator
 
+from ..save.top_hooks import top_pack
+
 _PLAN: contextvars.ContextVar = contextvars.ContextVar("actcodec_recompute", default=None)
 
 
@@ -141,16 +143,6 @@ def running(state: Running):
         _PLAN.reset(token)
 
 
-def _top_pack():
-    """The pack function of the innermost saved-tensor hooks (None: none, or a torch that
-    does not say)."""
-    try:
-        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    except (AttributeError, RuntimeError, TypeError):
-        return None
-    return top[0] if top else None
-
-
 def in_foreign_checkpoint(ours=None) -> bool:
     """Whether what runs now runs in the forward of a non-reentrant checkpoint the model
     opened itself (transformers' gradient checkpointing, torch.utils.checkpoint in its own
@@ -159,7 +151,7 @@ def in_foreign_checkpoint(ours=None) -> bool:
     it must run as it is (a position-wise child in chunks in forward and whole in the
     recomputation saves another count of tensors, which torch refuses). A reentrant
     checkpoint runs its forward without gradients, where no plan acts anyway."""
-    pack = _top_pack()
+    pack = top_pack()
     return pack is not None and pack is not ours and \
         getattr(pack, "__qualname__", "").startswith("_checkpoint_hook.")
 
@@ -260,7 +252,7 @@ class _Enter:
                 functools.partial(_contexts, state.chunks, state.moments, i), "default",
                 False, True, *args)
             next(gen)  # the region begins: saves are recomputed, not kept
-            region = _top_pack()
+            region = top_pack()
             if state.moments is not None:
                 _mark_end(state.moments, i, (*args, *kwargs.values()))
         state.open.setdefault(i, []).append((gen, state.current, t0, region))

@@ -18,7 +18,8 @@ policy uses it for its sensitive-op rule and its overrides. Layer names come fro
 
 Non-reentrant `torch.utils.checkpoint` installs hooks of its own inside its region, so tensors
 saved there are recomputed rather than compressed; the checkpoint's own inputs, saved outside,
-are compressed.
+are compressed. transformers' activations written as several ops (GPT-2's GELU saves four
+tensors) save their input alone and run again in backward (actcodec.torch.save.recompute).
 """
 from __future__ import annotations
 

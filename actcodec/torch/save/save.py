@@ -23,11 +23,12 @@ import torch
 from ... import _options
 from ... import store as stores
 from ..budget import sensitivity
-from . import boundary
+from . import boundary, recompute
 from .accounting import Row
 from ..codecs.fused import Rows
 from ..codecs.packed import Packed, keep, pack, store_alloc
 from .policy import Policy, Setting
+from .top_hooks import top_pack
 from .unsettled import Window
 
 DEFAULT_STORE = "default"  # the process's store (actcodec.store.default())
@@ -96,6 +97,7 @@ class SaveSession:
         self._token, self._thread = None, None
         self.unsettled = Window()  # device saves whose statistics are on the way
         self.rows = Rows()  # where their statistics go
+        self._recomputing: dict = {}  # id(activation module) -> its inputs (save.recompute)
 
     # ---- entering and leaving ----
 
@@ -115,16 +117,40 @@ class SaveSession:
             self._token = None
             self._seen.clear()
             self._kept.clear()
+            self._recomputing.clear()
             self.modules = []
 
-    def enter_module(self, module, args) -> None:
-        if threading.get_ident() == self._thread:  # the module hooks are process-wide
-            self.modules.append(module)
+    def enter_module(self, module, args):
+        if threading.get_ident() != self._thread:  # the module hooks are process-wide
+            return None
+        self.modules.append(module)
+        if recompute.eligible(module, args) and self._hooks_are_ours():
+            self._recomputing.setdefault(id(module), []).append(args[0])
+            return (args[0].detach(),)  # its forward saves nothing (actcodec.torch.save.recompute)
+        return None
 
-    def leave_module(self, module, args, output) -> None:
-        if threading.get_ident() == self._thread and self.modules and \
-                self.modules[-1] is module:
+    def leave_module(self, module, args, output):
+        if threading.get_ident() != self._thread:
+            return None
+        replaced = None
+        inputs = self._recomputing.get(id(module))
+        if inputs:  # (the layer is still this module's while its input is saved)
+            x = inputs.pop()
+            if not inputs:
+                del self._recomputing[id(module)]
+            if isinstance(output, torch.Tensor) and not output.requires_grad and \
+                    output._base is None:
+                replaced = recompute.attach(x, output, module)
+            elif output is not None:  # not a tensor of its own: the forward again, with grad
+                replaced = module.forward(x)
+        if self.modules and self.modules[-1] is module:
             self.modules.pop()
+        return replaced
+
+    def _hooks_are_ours(self) -> bool:
+        """Whether a save now would come to this session's pack_hook (not to a checkpoint's
+        region, a profile's, or hooks torch cannot name)."""
+        return top_pack() == self.pack_hook
 
     # ---- the one save path ----
 
