@@ -118,7 +118,12 @@ def _flat_bits(t) -> tuple[torch.Tensor, str]:
     if t.dtype not in NAMES:
         raise TypeError(f"unsupported tensor dtype {t.dtype}; actcodec encodes float16, "
                         f"bfloat16, float32, float64 and (raw, mask) bool")
-    flat = t.detach().resolve_neg().resolve_conj().reshape(-1)  # copies only if strided
+    flat = t.detach() if t.requires_grad else t
+    if flat.is_neg():
+        flat = flat.resolve_neg()
+    if flat.is_conj():
+        flat = flat.resolve_conj()
+    flat = flat.reshape(-1)  # copies only if strided
     if flat.numel() and flat.stride(0) != 1:  # one element may carry any stride
         flat = flat.clone(memory_format=torch.contiguous_format)
     return flat.view(_INT[flat.element_size()]), NAMES[t.dtype]

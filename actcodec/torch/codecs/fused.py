@@ -248,7 +248,7 @@ def _read(stats: torch.Tensor) -> tuple:
     """The statistics rows, read (one host sync for device rows) and summed up: nonzero
     count, whether the nonzero elements are one bit pattern, non-finite elements, huge
     elements, bad groups."""
-    rows = stats.cpu().numpy()
+    rows = (stats if stats.device.type == "cpu" else stats.cpu()).numpy()
     # in int64: each row's count is its value + 2^31 (it started at _ROW_START)
     sums = rows.sum(axis=0, dtype=np.int64) - len(rows) * _ROW_START
     nnz, nonfinite, huge, bad = (int(sums[k]) for k in (0, 3, 4, 5))
@@ -362,6 +362,11 @@ def _dequantize(bufs, n: int, target: str, p: dict, out: torch.Tensor,
     if tile < 256 or tile & (tile - 1):
         raise ValueError(f"a decode tile is a power of two of at least 256, got {tile}")
     dest = out.view(torch.int16) if target == "bfloat16" else out
-    _launch(kernels().quant_decode, -(-n // tile), packed, device._view(mins, torch.float32),
-            device._view(scales, torch.float32), dest, n, nbytes, G, TILE=tile, BITS=bits,
-            OUT=KIND[target], **({"num_warps": warps} if warps else {}))
+    _launch(kernels().quant_decode, -(-n // tile), packed, _aligned(mins), _aligned(scales),
+            dest, n, nbytes, G, TILE=tile, BITS=bits, OUT=KIND[target],
+            **({"num_warps": warps} if warps else {}))
+
+
+def _aligned(buf: torch.Tensor) -> torch.Tensor:
+    """A byte buffer the kernels read as float32: itself where 4-byte aligned, else a copy."""
+    return buf if buf.data_ptr() % 4 == 0 else buf.clone()

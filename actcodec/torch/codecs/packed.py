@@ -325,13 +325,15 @@ def _narrow(t: torch.Tensor, nbytes: int, store) -> Packed:
 class Layout:
     """How to rebuild one saved tensor (see the module docstring)."""
 
-    __slots__ = ("shape", "stride", "dtype", "device", "align", "order", "dense", "expand")
+    __slots__ = ("shape", "stride", "dtype", "device", "align", "order", "dense", "expand",
+                 "in_order")
 
     def __init__(self, base: torch.Tensor, expand: tuple | None):
         self.shape, self.stride = tuple(base.shape), tuple(base.stride())
         self.dtype, self.device, self.expand = base.dtype, base.device, expand
         self.align = base.data_ptr() % ALIGN
         self.order = memory_order(self.shape, self.stride)
+        self.in_order = self.order == list(range(len(self.order)))  # no permutation
         self.dense = _dense(self.shape, self.stride, self.order)
 
     def empty(self) -> torch.Tensor:
@@ -351,7 +353,7 @@ class Layout:
 
     def in_memory_order(self, t: torch.Tensor) -> torch.Tensor:
         """t's dimensions permuted into memory order (contiguous when t is dense)."""
-        return t.permute(self.order)
+        return t if self.in_order else t.permute(self.order)
 
     def finish(self, t: torch.Tensor) -> torch.Tensor:
         """The broadcast dimensions put back (a view, nothing copied)."""
@@ -373,8 +375,8 @@ class Layout:
 
 def capture(t: torch.Tensor) -> tuple[Layout, torch.Tensor] | None:
     """(layout, the elements to encode as one contiguous tensor) for a saved tensor, or None
-    for one whose elements overlap in memory (kept as it is)."""
-    base, expand = t.detach(), None
+    for one whose elements overlap in memory (kept as it is). t: detached."""
+    base, expand = t, None
     for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
         if stride == 0 and size > 1:
             base = base.narrow(d, 0, 1)

@@ -139,8 +139,11 @@ def quant_decode(packed_ptr, mins_ptr, scales_ptr, out_ptr, n, nbytes, G,
                  TILE: tl.constexpr, BITS: tl.constexpr, OUT: tl.constexpr):
     """mins + code * scale for a tile of TILE codes (any group size G), a multiply and an add
     each rounded to float32, written as OUT: 0 float32, 1 float16, 2 bfloat16 (int16 bits,
-    rounded to nearest even as torch converts)."""
+    rounded to nearest even as torch converts). mins_ptr, scales_ptr: the bytes of their
+    float32 values (4-byte aligned)."""
     pid = tl.program_id(0).to(tl.int64)
+    mins_ptr = mins_ptr.to(tl.pointer_type(tl.float32))
+    scales_ptr = scales_ptr.to(tl.pointer_type(tl.float32))
     PER: tl.constexpr = 256 // BITS
     PLANES: tl.constexpr = 8 // BITS
     BLOCKS: tl.constexpr = TILE // PER
