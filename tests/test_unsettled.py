@@ -88,6 +88,18 @@ def test_saves_of_a_run_share_row_blocks_and_never_a_row(as_device, monkeypatch)
         assert p.enc.to("cpu").to_bytes() == want.to("cpu").to_bytes()
 
 
+@pytest.mark.parametrize("how", ["contiguous", "requires_grad", "neg_view", "transposed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_unread_encoding_reads_the_elements_as_encode_does(as_device, how, dtype):
+    x = randn(40, 70).to(dtype)
+    t = {"contiguous": x, "requires_grad": x.clone().requires_grad_(),
+         "neg_view": torch._neg_view(x), "transposed": x.t()}[how]
+    enc, unread = fused.encode_unread(t, "auto", bits=8)
+    assert unread.same_as_encode()
+    want = fused.encode(t.detach(), "auto", bits=8)
+    assert enc.to("cpu").to_bytes() == want.to("cpu").to_bytes()
+
+
 def test_a_quant_encoding_is_one_allocation(as_device):
     x = randn(3, 1001)
     enc = fused.encode(x, "quant", bits=4, group_size=64)

@@ -146,7 +146,8 @@ class Rows:
     COUNT = 64  # encodes per block: 64 x 3 KiB on the device and in pinned memory
 
     def __init__(self):
-        self._blocks: dict = {}  # device -> [device rows, pinned rows or None, next index]
+        # device -> [each encode's device rows, its pinned rows (or Nones), next index]
+        self._blocks: dict = {}
 
     def take(self, dev) -> tuple:
         """(rows for one encode on `dev`, the pinned rows to copy them into or None)."""
@@ -154,12 +155,12 @@ class Rows:
         if block is None or block[2] == self.COUNT:
             rows = torch.full((self.COUNT, kernels().SLOTS.value, 6), _ROW_START,
                               dtype=torch.int32, device=dev)
-            pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True) \
-                if rows.device.type == "cuda" else None
-            block = self._blocks[dev] = [rows, pinned, 0]
+            pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True).unbind(0) \
+                if rows.device.type == "cuda" else (None,) * self.COUNT
+            block = self._blocks[dev] = [rows.unbind(0), pinned, 0]  # views made at once
         rows, pinned, i = block
         block[2] = i + 1
-        return rows[i], None if pinned is None else pinned[i]
+        return rows[i], pinned[i]
 
 
 class Unread:
@@ -211,7 +212,10 @@ def encode_unread(t: torch.Tensor, codec: str = "auto", *, bits: int | None = No
             kernels() is None or t.dtype not in _TORCH or not 0 < t.numel() < _LIMIT:
         return None
     p = encoder.check(codec, bits, group_size, rounding, "raise", seed, 0.0)
-    flat, name = device._flat_bits(t)
+    if t.is_contiguous() and not (t.requires_grad or t.is_neg() or t.is_conj()):
+        flat, name = t, _TORCH[t.dtype]  # the kernel reads its bits as they lie
+    else:
+        flat, name = device._flat_bits(t)
     if not _tile_holds(flat.numel(), p["group_size"]):
         return None
     stats, host = rows.take(flat.device) if rows is not None else (None, None)
@@ -325,10 +329,10 @@ def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
             len(bufs) not in (2, 3, 4) or (enc.codec == "bitmap" and target != enc.dtype):
         device.decode_into(enc, out, target)
         return
-    flat_out = out.view(-1)
     if enc.codec == "quant":
-        _dequantize(bufs, n, target, enc.params, flat_out)
+        _dequantize(bufs, n, target, enc.params, out)
         return
+    flat_out = out.view(-1)
     nnz = nonzero_count(enc, bufs[0])
     es = torch.empty(0, dtype=out.dtype).element_size()
     if enc.codec == "bitmap":
@@ -361,9 +365,8 @@ def _dequantize(bufs, n: int, target: str, p: dict, out: torch.Tensor,
     G = n if not p["group_size"] or p["group_size"] > n else p["group_size"]
     if tile < 256 or tile & (tile - 1):
         raise ValueError(f"a decode tile is a power of two of at least 256, got {tile}")
-    dest = out.view(torch.int16) if target == "bfloat16" else out
     _launch(kernels().quant_decode, -(-n // tile), packed, _aligned(mins), _aligned(scales),
-            dest, n, nbytes, G, TILE=tile, BITS=bits, OUT=KIND[target],
+            out, n, nbytes, G, TILE=tile, BITS=bits, OUT=KIND[target],
             **({"num_warps": warps} if warps else {}))
 
 

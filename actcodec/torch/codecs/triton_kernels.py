@@ -8,7 +8,8 @@ divisions are `tl.math.div_rn` (a plain `/` may be approximate on a GPU), and th
 to nearest even is the C path's magic-number addition, exact for 0 <= t < 2^23.
 
 Inputs come as integer views of their element bits (int32 for float32, int16 for float16 and
-bfloat16): the statistics work on bits, as the C path's, and conversions to float32 are exact
+bfloat16; the quant kernels take the float tensors too and read their bits): the statistics
+work on bits, as the C path's, and conversions to float32 are exact
 (bfloat16 is the top half of a float32).
 """
 import triton
@@ -31,6 +32,16 @@ def _to_f32(xb, KIND: tl.constexpr):
         return xb.to(tl.float16, bitcast=True).to(tl.float32)
     else:
         return (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bits_pointer(x_ptr, KIND: tl.constexpr):
+    """x_ptr (the elements, or their bits) as a pointer to their bits: int32 for float32,
+    int16 otherwise."""
+    if KIND == 0:
+        return x_ptr.to(tl.pointer_type(tl.int32))
+    else:
+        return x_ptr.to(tl.pointer_type(tl.int16))
 
 
 @triton.jit
@@ -89,7 +100,7 @@ def quant_encode(x_ptr, out_ptr, stats_ptr, n, nbytes, ngroups, key, mins_at, sc
     r = tl.arange(0, ROWS)
     idx = pid * TILE + r[:, None] * G + tl.arange(0, G)[None, :]
     valid = idx < n
-    xb = tl.load(x_ptr + idx, mask=valid, other=0)
+    xb = tl.load(_bits_pointer(x_ptr, KIND) + idx, mask=valid, other=0)
     x = _to_f32(xb, KIND)
     # +0.0 turns a zero extreme into +0.0 whichever its sign, as the C path's range does.
     mn = tl.min(tl.where(valid, x, float("inf")), axis=1) + 0.0
@@ -166,7 +177,7 @@ def quant_decode(packed_ptr, mins_ptr, scales_ptr, out_ptr, n, nbytes, G,
         nan = (u & 0x7FFFFFFF) > 0x7F800000
         rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
         bf = tl.where(nan, 0x7FC0, rounded)
-        tl.store(out_ptr + idx, bf.to(tl.int16), mask=valid)
+        tl.store(out_ptr.to(tl.pointer_type(tl.int16)) + idx, bf.to(tl.int16), mask=valid)
 
 
 @triton.jit
