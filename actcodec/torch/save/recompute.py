@@ -80,7 +80,7 @@ class _Recomputed(torch.autograd.Function):
                 torch.autocast(dev, dtype=dtype, enabled=enabled, cache_enabled=cache):
             again = x.detach().requires_grad_()
             y = ctx.module.forward(again)
-        grad_x, = torch.autograd.grad(y, again, grad)
+        grad_x, = torch.autograd.grad(y, again, grad, create_graph=torch.is_grad_enabled())
         return grad_x, None, None
 
 
