@@ -10,6 +10,9 @@ plan (every block recomputed, one micro-batch), with its chunked loss and with t
 whole one, so that what Step's own step costs beside checkpointing's shows apart from its
 plan.
 
+The copy bandwidth between pinned host memory and the device is measured first: the offload
+row names the least time its bytes take on the link (`offload_floor_ms`).
+
 Then `loop_ms`: the same steps run back to back without waiting for the device between them,
 as a training loop runs them (see loop_ms).
 
@@ -230,6 +233,33 @@ def run(name: str, cfg: str, steps: int, limit: int | None = None, plain_grads=N
     return out, grads
 
 
+def link_gbps(nbytes: int = 256 * MiB, repeats: int = 5) -> dict:
+    """GB/s of copies between pinned host memory and the device, each way (the median of
+    `repeats`, timed by events): what offloading every save cannot beat."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    out = {}
+    for way, (dst, src) in {"to_host": (host, dev), "to_device": (dev, host)}.items():
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        out[way] = round(nbytes / statistics.median(times) / 1e9, 1)
+    del host, dev
+    return out
+
+
+def offload_floor_ms(offloaded_mib: float, link: dict) -> float:
+    """The least time a step that offloads `offloaded_mib` spends on the link: every byte out
+    in forward and back in backward (the two ways do not overlap each other in a step)."""
+    nbytes = offloaded_mib * MiB
+    return round(1e3 * (nbytes / (link["to_host"] * 1e9) + nbytes / (link["to_device"] * 1e9)), 1)
+
+
 def layout_runs(name: str, steps: int) -> list:
     """Plain, then what the issues compare first (checkpointing, Step at a third of plain's
     peak, offload), then the rest: a run cut short by its device time keeps the first rows
@@ -270,6 +300,9 @@ def markdown(res: dict) -> str:
     lines = [f"# Step on a GPU: {res['gpu']}, torch {res['torch']}", "",
              "Written by `python bench/gpu_step.py`; peaks are the device's reserved memory "
              "read from outside Step, per step, AdamW's step included.", ""]
+    if res.get("link"):
+        lines += [f"Pinned host memory and the device: {res['link']['to_host']} GB/s to the "
+                  f"host, {res['link']['to_device']} GB/s back (256 MiB copies).", ""]
     for name, rows in res["layouts"].items():
         plain = rows[0]["step_ms"]
         lines += [f"## {name}, batch {res['shapes'][name]}", "",
@@ -283,6 +316,9 @@ def markdown(res: dict) -> str:
                              f"| | | | | | | | |")
                 continue
             within = {True: "yes", False: "NO", None: "-"}[r.get("within")]
+            if "offloaded_MiB" in r and res.get("link"):
+                r = {**r, "plan": f"{r['offloaded_MiB']} MiB each way a step: at least "
+                     f"{offload_floor_ms(r['offloaded_MiB'], res['link'])} ms on the link"}
             lines.append(f"| {r['config']} | {r['limit_MiB'] or '-'} | "
                          f"{', '.join(map(str, r['peaks_MiB']))} | {within} | {r['step_ms']} | "
                          f"{r['step_ms'] / plain:.2f}x | {loop(r, rows[0])} | "
@@ -303,7 +339,7 @@ def main():
     names = args.models.split(",")
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "shapes": {n: "x".join(map(str, SHAPES[n])) for n in names},
-           "layouts": {}}
+           "link": link_gbps(), "layouts": {}}
     for n in names:
         res["layouts"][n] = layout_runs(n, args.steps)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
