@@ -100,6 +100,18 @@ def test_an_unread_encoding_reads_the_elements_as_encode_does(as_device, how, dt
     assert enc.to("cpu").to_bytes() == want.to("cpu").to_bytes()
 
 
+@pytest.mark.parametrize("kib,kept", [(768, True), (1024, False)])
+def test_a_small_lossless_device_save_is_kept_without_a_read(as_device, monkeypatch, kib,
+                                                             kept):
+    x = torch.relu(randn(kib * 256, seed=3))  # half zeros: a bitmap where it is encoded
+    reads = []
+    real = fused._read
+    monkeypatch.setattr(fused, "_read", lambda s: reads.append(1) or real(s))
+    p = packing.pack(x, Setting(bits=None), defer=True)
+    assert (p.codec == "keep") == kept and len(reads) == (0 if kept else 1)
+    assert torch.equal(bits_of(p.unpack()), bits_of(x))
+
+
 def test_a_quant_encoding_is_one_allocation(as_device):
     x = randn(3, 1001)
     enc = fused.encode(x, "quant", bits=4, group_size=64)

@@ -4,8 +4,9 @@ is, with the `Layout` that restores it, how many saves share it, and (under a bu
 re-encoding and paging out.
 
 Kept as they are: what the policy says to keep, tensors no codec takes (complex, integers that
-do not narrow), tensors whose elements overlap in memory, and dense tensors under a lossless
-policy (a copy would hold the same bytes). Integer tensors (max-pool indices) are kept in the
+do not narrow), tensors whose elements overlap in memory, dense tensors under a lossless
+policy (a copy would hold the same bytes), and on a device float saves under 1 MiB stored
+lossless (see DEVICE_NARROW_BYTES). Integer tensors (max-pool indices) are kept in the
 smallest integer type that holds their values; bool masks, and float tensors whose nonzero
 elements are one value, take 1 bit per element (the mask codec).
 
@@ -39,7 +40,9 @@ _NARROWER = {torch.int64: (torch.int8, torch.int16, torch.int32),
              torch.int32: (torch.int8, torch.int16), torch.int16: (torch.int8,)}
 # On a device, an integer save narrows from this size up: its range is a read of the device,
 # which waits for all the work queued before it (token ids, labels: a few hundred KiB kept
-# as they are cost less than a stall of the step; a max-pool's indices are worth it).
+# as they are cost less than a stall of the step; a max-pool's indices are worth it). So
+# does a float save stored lossless, whose codecs' sizes need its count (attention's
+# log-sum-exp, dense: a read to learn that it is kept).
 DEVICE_NARROW_BYTES = 1 << 20
 
 
@@ -268,6 +271,9 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
             return keep(t)
         return _narrow(t, nbytes, store if t.device.type == "cpu" else None)
     if t.dtype not in FLOATS and t.dtype != torch.bool:
+        return keep(t)
+    if t.dtype != torch.bool and setting.bits is None and nbytes < DEVICE_NARROW_BYTES and \
+            not _host_path(t):
         return keep(t)
     captured = capture(t)
     if captured is None:
