@@ -94,14 +94,15 @@ def test_one_op_activations_are_left_as_they_are(act_fn, node, act_saves):
 class Scaled(torch.nn.Module):
     """An activation whose output is changed in place by the module around it."""
 
-    def __init__(self):
+    def __init__(self, in_place=True):
         super().__init__()
         self.lin = torch.nn.Linear(16, 16)
         self.act = activations.NewGELUActivation()
+        self.in_place = in_place
 
     def forward(self, x):
         y = self.act(self.lin(x))
-        y.mul_(3.0)
+        y = y.mul_(3.0) if self.in_place else y * 3.0
         return y.sum()
 
 
@@ -158,3 +159,36 @@ def test_an_error_in_the_activation_leaves_the_next_step_whole(monkeypatch, act_
     monkeypatch.setattr(activations.NewGELUActivation, "forward", real)
     assert all(torch.equal(a, b) for a, b in zip(want, grads(m, ctx)))
     assert len(act_saves) == 2
+
+
+def test_second_derivatives_follow_an_input_kept_as_it_is():
+    torch.manual_seed(0)
+    lin, gelu = torch.nn.Linear(8, 8), activations.NewGELUActivation()
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def second(ctx):
+        with ctx:
+            y = gelu(lin(x)).square().sum()
+        g, = torch.autograd.grad(y, x, create_graph=True)
+        return torch.autograd.grad(g.square().sum(), lin.weight)[0]
+    import contextlib
+    want = second(contextlib.nullcontext())
+    got = second(act.compress_saved(act.Policy.preset("lossless"), model=lin))
+    assert torch.allclose(want, got, rtol=1e-5, atol=1e-6)  # (its terms summed in its order)
+
+
+@pytest.mark.parametrize("where", ["module", "every module"])
+def test_backward_hooks_see_the_input_gradient(act_saves, where):
+    torch.manual_seed(0)
+    m, x = Scaled(in_place=False), torch.randn(8, 16)  # (a hooked output is a view)
+    seen = []
+    hook = lambda mod, grad_in, grad_out: seen.append(grad_in[0] is not None)  # noqa: E731
+    handle = m.act.register_full_backward_hook(hook) if where == "module" else \
+        torch.nn.modules.module.register_module_full_backward_hook(
+            lambda mod, gi, go: hook(mod, gi, go) if mod is m.act else None)
+    try:
+        want, got = lin_grad(m, x)
+    finally:
+        handle.remove()
+    assert torch.equal(want, got) and seen == [True, True]
+    assert act_saves == ["NewGELUActivation"] * 4  # left as it is

@@ -188,6 +188,8 @@ def test_quant_buffers_at_any_byte_offset_decode_the_same(offset):
     fused.decode_into(replace(enc, buffers=tuple(moved)), got, "float32")
     assert same_bits(got.cpu(), want.cpu())
     assert all(fused._aligned(b).data_ptr() % 4 == 0 for b in moved)  # what a GPU reads
+    with pytest.raises(ValueError, match="contiguous"):
+        fused.decode_into(enc, here(torch.empty(6000))[::2], "float32")
 
 
 @pytest.mark.parametrize("codec,kw", [("auto", {"bits": 8}), ("auto", {}), ("bitmap", {}),

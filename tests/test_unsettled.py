@@ -110,6 +110,8 @@ def test_a_small_lossless_device_save_is_kept_without_a_read(as_device, monkeypa
     p = packing.pack(x, Setting(bits=None), defer=True)
     assert (p.codec == "keep") == kept and len(reads) == (0 if kept else 1)
     assert torch.equal(bits_of(p.unpack()), bits_of(x))
+    mask = (x > 0).float()  # a comparison saved as a float mask: encoded at any size
+    assert packing.pack(mask, Setting(codec="mask", bits=None)).codec == "mask"
 
 
 def test_a_quant_encoding_is_one_allocation(as_device):

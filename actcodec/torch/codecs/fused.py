@@ -150,14 +150,17 @@ class Rows:
         self._blocks: dict = {}
 
     def take(self, dev) -> tuple:
-        """(rows for one encode on `dev`, the pinned rows to copy them into or None)."""
-        block = self._blocks.get(dev)
+        """(rows for one encode on `dev`, the pinned rows to copy them into or None). On a
+        GPU a block serves one stream: its fill is queued on the stream the encodes run on,
+        and the caching allocator reuses its memory after that stream's work only."""
+        key = (dev, torch.cuda.current_stream(dev).cuda_stream) if dev.type == "cuda" else dev
+        block = self._blocks.get(key)
         if block is None or block[2] == self.COUNT:
             rows = torch.full((self.COUNT, kernels().SLOTS.value, 6), _ROW_START,
                               dtype=torch.int32, device=dev)
             pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True).unbind(0) \
                 if rows.device.type == "cuda" else (None,) * self.COUNT
-            block = self._blocks[dev] = [rows.unbind(0), pinned, 0]  # views made at once
+            block = self._blocks[key] = [rows.unbind(0), pinned, 0]  # views made at once
         rows, pinned, i = block
         block[2] = i + 1
         return rows[i], pinned[i]
@@ -330,6 +333,8 @@ def decode_into(enc: container.Encoded, out: torch.Tensor, target: str) -> None:
         device.decode_into(enc, out, target)
         return
     if enc.codec == "quant":
+        if not out.is_contiguous():
+            raise ValueError("decode_into needs a contiguous output tensor")
         _dequantize(bufs, n, target, enc.params, out)
         return
     flat_out = out.view(-1)

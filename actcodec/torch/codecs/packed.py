@@ -272,8 +272,8 @@ def pack(t: torch.Tensor, setting: Setting, store=None, keep_dense: bool = True,
         return _narrow(t, nbytes, store if t.device.type == "cpu" else None)
     if t.dtype not in FLOATS and t.dtype != torch.bool:
         return keep(t)
-    if t.dtype != torch.bool and setting.bits is None and nbytes < DEVICE_NARROW_BYTES and \
-            not _host_path(t):
+    if t.dtype != torch.bool and setting.bits is None and setting.codec != "mask" and \
+            nbytes < DEVICE_NARROW_BYTES and not _host_path(t):
         return keep(t)
     captured = capture(t)
     if captured is None:

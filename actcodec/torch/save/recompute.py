@@ -13,9 +13,12 @@ the autocast state it ran in): with a lossless policy every gradient is plain Py
 bit for bit.
 
 Left as they are: modules with hooks of their own (their pre-hooks change the input the
-forward sees), parameters or buffers, more than one input, or an input that needs no
-gradient; and any call not made under the session's own hooks (a checkpoint's region, a
-profile's), whose saves are someone else's to keep.
+forward sees; backward hooks, theirs or every module's, would see no input gradient),
+parameters or buffers, more than one input, or an input that needs no gradient; and any
+call not made under the session's own hooks (a checkpoint's region, a profile's), whose
+saves are someone else's to keep. A backward that builds a graph (create_graph) runs the
+activation again on the saved input itself: second derivatives follow it where the input
+was kept as it is (a decoded input, like every decoded save, has no history).
 """
 from __future__ import annotations
 
@@ -46,11 +49,20 @@ def eligible(module: torch.nn.Module, args: tuple) -> bool:
             not args[0].requires_grad or not torch.is_grad_enabled() or \
             args[0].device.type not in ("cpu", "cuda"):
         return False
-    if module._forward_pre_hooks or module._forward_hooks or \
+    if module._forward_pre_hooks or module._forward_hooks or module._backward_hooks or \
+            module._backward_pre_hooks or _global_backward_hooks() or \
             next(module.parameters(recurse=False), None) is not None or \
             next(module.buffers(recurse=False), None) is not None:
         return False
     return True
+
+
+def _global_backward_hooks() -> bool:
+    """Whether module backward hooks are registered for every module (they would see the
+    detached input's gradient: none)."""
+    registry = torch.nn.modules.module
+    return bool(getattr(registry, "_global_backward_hooks", None) or
+                getattr(registry, "_global_backward_pre_hooks", None))
 
 
 def attach(x: torch.Tensor, y: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
@@ -76,11 +88,12 @@ class _Recomputed(torch.autograd.Function):
         x, = ctx.saved_tensors
         dev, enabled, dtype, cache = ctx.autocast
         # Its own saves are used at once: no hooks of an enclosing context keep them.
+        graph = torch.is_grad_enabled()  # create_graph: a graph through this backward
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_same, _same), \
                 torch.autocast(dev, dtype=dtype, enabled=enabled, cache_enabled=cache):
-            again = x.detach().requires_grad_()
+            again = x if graph and x.requires_grad else x.detach().requires_grad_()
             y = ctx.module.forward(again)
-        grad_x, = torch.autograd.grad(y, again, grad, create_graph=torch.is_grad_enabled())
+        grad_x, = torch.autograd.grad(y, again, grad, create_graph=graph)
         return grad_x, None, None
 
 

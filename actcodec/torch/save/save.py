@@ -133,18 +133,20 @@ class SaveSession:
         if threading.get_ident() != self._thread:
             return None
         replaced = None
-        inputs = self._recomputing.get(id(module))
-        if inputs:  # (the layer is still this module's while its input is saved)
-            x = inputs.pop()
-            if not inputs:
-                del self._recomputing[id(module)]
-            if isinstance(output, torch.Tensor) and not output.requires_grad and \
-                    output._base is None:
-                replaced = recompute.attach(x, output, module)
-            elif output is not None:  # not a tensor of its own: the forward again, with grad
-                replaced = module.forward(x)
-        if self.modules and self.modules[-1] is module:
-            self.modules.pop()
+        try:
+            inputs = self._recomputing.get(id(module))
+            if inputs:  # (the layer is still this module's while its input is saved)
+                x = inputs.pop()
+                if not inputs:
+                    del self._recomputing[id(module)]
+                if isinstance(output, torch.Tensor) and not output.requires_grad and \
+                        output._base is None:
+                    replaced = recompute.attach(x, output, module)
+                elif output is not None:  # not a tensor of its own: again, with grad
+                    replaced = module.forward(x)
+        finally:
+            if self.modules and self.modules[-1] is module:
+                self.modules.pop()
         return replaced
 
     def _hooks_are_ours(self) -> bool:
